@@ -1,0 +1,1 @@
+"""Cache-aware router for vLLM fleets: an Envoy ext_proc endpoint picker."""

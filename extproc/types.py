@@ -1,0 +1,127 @@
+"""The router's vocabulary: small immutable types every layer speaks.
+
+Adapters (ext_proc, vLLM events, ``vllm:*`` metrics, Redis) translate their wire formats into these types and
+back; nothing outside an adapter sees a protobuf, a msgpack frame or a metric name.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NewType
+
+EndpointId = NewType("EndpointId", str)
+"""A model server as Envoy addresses it: ``"ip:port"`` (the value of ``x-gateway-destination-endpoint``)."""
+
+BlockHash = NewType("BlockHash", int)
+"""A prefix block key *we* computed from a request's tokens: the low 64 bits of vLLM's chained block digest.
+
+Equal to the ``EngineBlockHash`` an engine reports for the same block when seed, algorithm, block size and
+extra keys agree; the ingest self-check is what earns an engine's hashes the right to be used as ``BlockHash``.
+"""
+
+EngineBlockHash = NewType("EngineBlockHash", int)
+"""A block hash as an engine reported it in a KV event, reduced to its low 64 bits."""
+
+TokenIds = Sequence[int]
+"""Token ids of a rendered prompt, exactly as vLLM would compute them."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoraAdapter:
+    """A LoRA adapter as vLLM registered it; ``path`` is part of the block hash since vLLM 0.31."""
+
+    name: str
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class HashScheme:
+    """How one model pool hashes prefix blocks (must match the pool's vLLM flags)."""
+
+    block_size: int = 16
+    algo: str = "sha256"  # "sha256" | "sha256_cbor"
+    seed: str | None = None  # PYTHONHASHSEED as the engines see it; None means unset
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSnapshot:
+    """One endpoint's load as last scraped, plus what we routed there since.
+
+    ``known`` is False until a scrape succeeds, and after scrapes fail: unknown load is not idle.
+    """
+
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0  # 0..1
+    known: bool = False
+    scraped_at_s: float = 0.0  # monotonic
+    inflight_requests: int = 0  # routed by us, not yet seen finished
+    queued_prefill_tokens: float = 0.0  # uncached prompt tokens we estimate are still ahead in its queue
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """A model server: where it is, what it serves, and whether it is eligible at all."""
+
+    id: EndpointId
+    models: frozenset[str] = frozenset()  # served base model names; empty = not yet discovered
+    adapters: frozenset[str] = frozenset()  # LoRA adapter names it serves
+    healthy: bool = True
+    num_gpu_blocks: int | None = None  # KV capacity in blocks, when discovered
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    """Who sent a request, as the fairness header names it, and what its class promises."""
+
+    id: str = ""
+    priority: int = 0  # higher first; negative is sheddable
+    ttft_target_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingRequest:
+    """Everything the decision needs about one request, after parsing, rendering, tokenizing and hashing."""
+
+    request_id: str
+    model: str  # the name the client asked for (base model or adapter)
+    base_model: str
+    lora: LoraAdapter | None
+    prompt_tokens: int  # 0 when tokenization failed
+    block_hashes: Sequence[BlockHash]
+    block_size: int
+    tenant: Tenant = field(default_factory=Tenant)
+    subset: frozenset[EndpointId] | None = None  # the gateway's subset hint, when given
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One eligible endpoint with everything the scorers read: frozen input to a pure decision."""
+
+    endpoint: Endpoint
+    load: LoadSnapshot
+    cached_blocks: int  # leading blocks of the request this endpoint holds (index lookup)
+    precise: bool  # cached_blocks comes from the engine's own KV events, not our guesses
+
+
+class Reason(enum.StrEnum):
+    """Why a decision went the way it did; a label on the decisions metric."""
+
+    CACHE = "cache"  # picked for its cached prefix
+    LOAD = "load"  # no useful prefix anywhere: picked by load
+    SPILL = "spill"  # a warm endpoint existed but was too busy; went cold
+    NO_TOKENS = "no_tokens"  # tokenization failed or timed out; picked by load
+    SHED = "shed"
+    NO_ENDPOINT = "no_endpoint"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The pick: endpoints in order (first = pick, rest = fallbacks for Envoy's retries), and why."""
+
+    endpoints: tuple[EndpointId, ...]
+    reason: Reason
+    cached_tokens: int  # predicted cached prompt tokens on the pick
+    scores: Mapping[EndpointId, float] = field(default_factory=dict)  # lower is better for the TTFT profile
