@@ -1,0 +1,1 @@
+"""Prefix blocks: vLLM-identical hashing, the PrefixIndex interface and its backends, vLLM KV-event ingest."""
