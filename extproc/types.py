@@ -125,3 +125,32 @@ class Decision:
     reason: Reason
     cached_tokens: int  # predicted cached prompt tokens on the pick
     scores: Mapping[EndpointId, float] = field(default_factory=dict)  # lower is better for the TTFT profile
+
+
+@dataclass(frozen=True, slots=True)
+class HttpRequest:
+    """One HTTP request as the proxy showed it to us (the ext_proc adapter builds it; the router reads it).
+
+    ``headers`` keys are lower-case; pseudo-headers keep their colon (``:path``). ``subset`` is the gateway's
+    ``envoy.lb.subset_hint`` list when one was sent (an empty tuple means "none eligible").
+    """
+
+    method: str
+    path: str
+    headers: Mapping[str, str]
+    body: bytes
+    request_id: str
+    subset: tuple[EndpointId, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Send the request to ``endpoints[0]``, falling back in order; add ``headers`` upstream (decision summary)."""
+
+    endpoints: tuple[EndpointId, ...]
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PassThrough:
+    """No decision: leave the request untouched (Envoy's own fallback balancing applies)."""
