@@ -1,0 +1,1 @@
+"""The decision: filters → estimates/scorers → pick. Pure, synchronous functions of frozen inputs."""

@@ -1,0 +1,69 @@
+"""The endpoint registry: every model server we may route to, with its latest scraped state.
+
+Readers get an immutable snapshot (a mapping swapped whole on each update), so the read path takes no locks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+
+from extproc.backends.vllm_metrics import EngineMetrics
+from extproc.types import Endpoint, EndpointId
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointState:
+    """One endpoint as last observed. ``metrics`` is None until a scrape succeeds."""
+
+    endpoint: Endpoint
+    metrics: EngineMetrics | None = None
+    scraped_at_s: float = 0.0  # monotonic time of the last good scrape
+    failures: int = 0  # consecutive failed scrapes (connection or parse)
+    unreachable: int = 0  # consecutive connection failures
+
+    def load_known(self, now_s: float, stale_after_s: float) -> bool:
+        return self.metrics is not None and now_s - self.scraped_at_s <= stale_after_s
+
+
+class EndpointRegistry:
+    """Holds ``{EndpointId: EndpointState}``; updates replace the whole mapping."""
+
+    def __init__(self, endpoints: Iterable[Endpoint], clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._states: Mapping[EndpointId, EndpointState] = MappingProxyType(
+            {e.id: EndpointState(e) for e in endpoints}
+        )
+
+    def snapshot(self) -> Mapping[EndpointId, EndpointState]:
+        return self._states
+
+    def _swap(self, eid: EndpointId, state: EndpointState) -> None:
+        states = dict(self._states)
+        states[eid] = state
+        self._states = MappingProxyType(states)
+
+    def scraped(self, eid: EndpointId, metrics: EngineMetrics) -> None:
+        """A scrape succeeded: fresh load, endpoint healthy, KV capacity learned."""
+        old = self._states[eid]
+        endpoint = replace(
+            old.endpoint,
+            healthy=True,
+            num_gpu_blocks=metrics.num_gpu_blocks or old.endpoint.num_gpu_blocks,
+        )
+        self._swap(eid, EndpointState(endpoint, metrics, self._clock(), 0, 0))
+
+    def failed(self, eid: EndpointId, *, unreachable: bool, unhealthy_after: int = 2) -> None:
+        """A scrape failed. Garbage or slow metrics make the load unknown; only refusals make it unhealthy."""
+        old = self._states[eid]
+        unreach = old.unreachable + 1 if unreachable else 0
+        healthy = unreach < unhealthy_after
+        self._swap(eid, replace(old, endpoint=replace(old.endpoint, healthy=healthy),
+                                failures=old.failures + 1, unreachable=unreach))
+
+    def discovered(self, eid: EndpointId, models: frozenset[str], adapters: frozenset[str]) -> None:
+        """``/v1/models`` answered: what the endpoint serves."""
+        old = self._states[eid]
+        self._swap(eid, replace(old, endpoint=replace(old.endpoint, models=models, adapters=adapters)))

@@ -1,0 +1,110 @@
+"""Background loops reading each endpoint's ``/metrics`` (load) and ``/v1/models`` (what it serves).
+
+One loop per endpoint, owned by ``Scraper``; each call has a timeout; failures are logged once per change of
+state and backed off by the interval, never raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+
+import aiohttp
+
+from extproc.backends.registry import EndpointRegistry
+from extproc.backends.vllm_metrics import MetricsParseError, parse_metrics
+from extproc.types import EndpointId
+
+log = logging.getLogger(__name__)
+
+
+class Scraper:
+    """Keeps ``registry`` fresh. ``urls`` maps each endpoint to its base URL (``http://ip:port``)."""
+
+    def __init__(
+        self,
+        registry: EndpointRegistry,
+        urls: Mapping[EndpointId, str],
+        *,
+        interval_s: float,
+        timeout_s: float,
+        discover_interval_s: float,
+        on_scrape: Callable[[EndpointId], None] | None = None,
+        metrics_urls: Mapping[EndpointId, str] | None = None,
+    ) -> None:
+        self._registry = registry
+        self._urls = dict(urls)
+        self._metrics_urls = {e: (metrics_urls or {}).get(e) or f"{u}/metrics" for e, u in self._urls.items()}
+        self._interval_s = interval_s
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._discover_every = max(1, round(discover_interval_s / interval_s))
+        self._on_scrape = on_scrape
+        self._tasks: list[asyncio.Task[None]] = []
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(timeout=self._timeout)
+        self._tasks = [asyncio.create_task(self._loop(eid), name=f"scrape {eid}") for eid in self._urls]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._session:
+            await self._session.close()
+
+    async def scrape_once(self, eid: EndpointId, *, discover: bool) -> None:
+        """One metrics read (and optionally one models read) of ``eid``; updates the registry."""
+        if discover:
+            await self._discover(eid)
+        assert self._session is not None
+        try:
+            async with self._session.get(self._metrics_urls[eid]) as resp:
+                resp.raise_for_status()
+                metrics = parse_metrics(await resp.text())
+        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
+            self._fail(eid, exc, unreachable=True)
+            return
+        except (aiohttp.ClientError, TimeoutError, MetricsParseError, UnicodeDecodeError) as exc:
+            self._fail(eid, exc, unreachable=False)
+            return
+        was_failing = self._registry.snapshot()[eid].failures > 0
+        self._registry.scraped(eid, metrics)
+        if was_failing:
+            log.info("metrics of %s readable again", eid)
+        if self._on_scrape:
+            self._on_scrape(eid)
+
+    def _fail(self, eid: EndpointId, exc: BaseException, *, unreachable: bool) -> None:
+        if self._registry.snapshot()[eid].failures == 0:
+            log.warning("scrape of %s failed (%s: %s); its load is unknown", eid, type(exc).__name__, exc)
+        self._registry.failed(eid, unreachable=unreachable)
+
+    async def _discover(self, eid: EndpointId) -> None:
+        assert self._session is not None
+        try:
+            async with self._session.get(f"{self._urls[eid]}/v1/models") as resp:
+                resp.raise_for_status()
+                body = await resp.json(content_type=None)
+            models: set[str] = set()
+            adapters: set[str] = set()
+            for item in body.get("data", []):
+                # vLLM lists LoRA adapters with "parent" = the base model, "root" = the adapter path.
+                (adapters if item.get("parent") else models).add(str(item["id"]))
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError, AttributeError):
+            return  # the metrics read reports failures; keep what we knew
+        self._registry.discovered(eid, frozenset(models), frozenset(adapters))
+
+    async def _loop(self, eid: EndpointId) -> None:
+        tick = 0
+        while True:
+            try:
+                await self.scrape_once(eid, discover=tick % self._discover_every == 0)
+            except Exception:  # a bug here must not stop scraping
+                log.exception("scrape loop of %s", eid)
+            tick += 1
+            await asyncio.sleep(self._interval_s)

@@ -1,0 +1,158 @@
+"""Typed, validated configuration (YAML file → ``RouterConfig``). Units are in the field names.
+
+Validated once at boot; a bad file is a clear error naming the field, and nothing starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_hostport(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected ip:port, got {value!r}")
+    return value
+
+
+class LoraConfig(_Strict):
+    name: str = Field(description="adapter name clients put in `model`")
+    path: str = Field(description="adapter path exactly as vLLM registered it (part of the block hash)")
+
+
+class ModelConfig(_Strict):
+    name: str = Field(description="served model name, as in vLLM's --served-model-name")
+    tokenizer_dir: str | None = Field(None, description="tokenizer folder; default tokenizer_cache/<name>")
+    block_size: int | None = Field(None, ge=1, description="KV block size; None = discover from backends")
+    hash_algo: Literal["sha256", "sha256_cbor"] | None = Field(None, description="None = discover")
+    hash_seed: str | None = Field(None, description="PYTHONHASHSEED the engines run with; None = unset")
+    loras: tuple[LoraConfig, ...] = ()
+
+
+class KvEventsConfig(_Strict):
+    endpoint: str = Field(description="the engine's PUB endpoint, e.g. tcp://127.0.0.1:5557")
+    replay_endpoint: str | None = Field(None, description="the engine's ROUTER replay endpoint")
+    topic: str = ""
+
+
+class EndpointConfig(_Strict):
+    address: str = Field(description="ip:port as Envoy reaches the model server")
+    metrics_url: str | None = Field(None, description="default http://<address>/metrics")
+    models: tuple[str, ...] = Field((), description="served models; empty = discover from /v1/models")
+    kv_events: KvEventsConfig | None = None
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        return _check_hostport(value)
+
+
+class ScrapeConfig(_Strict):
+    interval_s: float = Field(0.1, gt=0, description="how often each endpoint's /metrics is read")
+    timeout_s: float = Field(0.5, gt=0, description="per scrape")
+    stale_after_s: float = Field(2.0, gt=0, description="load older than this counts as unknown")
+    discover_interval_s: float = Field(5.0, gt=0, description="how often /v1/models is re-read")
+
+
+class SchedulingConfig(_Strict):
+    profile: Literal["ttft", "weighted"] = "ttft"
+    prefill_tokens_per_s: float = Field(
+        12000.0, gt=0, description="one endpoint's prefill throughput, to turn tokens into seconds"
+    )
+    decode_slowdown_per_running: float = Field(
+        0.004, ge=0, description="fractional prefill slowdown per running request (batch interference)"
+    )
+    request_overhead_s: float = Field(0.01, ge=0, description="fixed per-request cost in the queue")
+    kv_pressure_threshold: float = Field(0.9, ge=0, le=1, description="KV usage above which waits grow")
+    stickiness_s: float = Field(
+        0.05, ge=0, description="prefer the warmest endpoint while its estimate is within this of the best"
+    )
+    tie_epsilon_s: float = Field(0.002, ge=0, description="estimates closer than this are ties, spread")
+    fallbacks: int = Field(2, ge=0, description="extra endpoints in the header for Envoy's retries")
+    weights: dict[str, float] = Field(
+        default_factory=lambda: {"prefix": 3.0, "queue": 2.0, "kv": 1.0},
+        description="weighted profile only: scorer name → weight",
+    )
+    shed_ttft_s: float = Field(30.0, gt=0, description="sheddable (priority<0) requests get 429 beyond this")
+
+
+class TenantClass(_Strict):
+    priority: int = 0
+    ttft_target_s: float | None = Field(None, gt=0, description="bounds the wait for a warm endpoint")
+
+
+class TenantsConfig(_Strict):
+    header: str = "x-gateway-inference-fairness-id"
+    classes: dict[str, TenantClass] = Field(default_factory=dict, description="tenant id → class")
+    default: TenantClass = TenantClass()
+
+
+class IndexConfig(_Strict):
+    backend: Literal["memory", "redis"] = "memory"
+    redis_url: str | None = None
+    lookup_deadline_s: float = Field(0.005, gt=0)
+    approx_ttl_s: float = Field(600.0, gt=0, description="approximate entries expire after this")
+    approx_capacity_blocks: int = Field(
+        20000, gt=0, description="per endpoint, when its KV capacity is not discovered"
+    )
+    burst_mark_ttl_s: float = Field(2.0, gt=0, description="sibling marks on event-fed endpoints")
+    max_blocks: int = Field(8192, gt=0, description="hash at most this many leading blocks per request")
+
+
+class LimitsConfig(_Strict):
+    max_body_bytes: int = Field(32 * 1024 * 1024, gt=0)
+    tokenize_timeout_s: float = Field(1.0, gt=0)
+    tokenizer_workers: int = Field(2, ge=1)
+
+
+class ListenConfig(_Strict):
+    host: str = "127.0.0.1"
+    grpc_port: int = Field(9002, ge=0, lt=65536)
+    metrics_port: int | None = Field(9090, ge=0, lt=65536, description="Prometheus; None = off")
+
+
+class LoggingConfig(_Strict):
+    level: str = "INFO"
+    log_prompts: bool = Field(False, description="include prompt text in logs (off: privacy)")
+
+
+class RouterConfig(_Strict):
+    listen: ListenConfig = ListenConfig()
+    models: tuple[ModelConfig, ...] = Field(min_length=1)
+    endpoints: tuple[EndpointConfig, ...] = Field(min_length=1)
+    scrape: ScrapeConfig = ScrapeConfig()
+    scheduling: SchedulingConfig = SchedulingConfig()
+    tenants: TenantsConfig = TenantsConfig()
+    index: IndexConfig = IndexConfig()
+    limits: LimitsConfig = LimitsConfig()
+    logging: LoggingConfig = LoggingConfig()
+    tokenizer_cache_dir: str = "tokenizer_cache"
+
+    @model_validator(mode="after")
+    def _unique(self) -> RouterConfig:
+        addresses = [e.address for e in self.endpoints]
+        if len(set(addresses)) != len(addresses):
+            raise ValueError("endpoint addresses must be unique")
+        names = [m.name for m in self.models] + [lo.name for m in self.models for lo in m.loras]
+        if len(set(names)) != len(names):
+            raise ValueError("model and adapter names must be unique")
+        if self.index.backend == "redis" and not self.index.redis_url:
+            raise ValueError("index.redis_url is required with index.backend=redis")
+        return self
+
+
+def load_config(path: str | Path) -> RouterConfig:
+    """Read and validate a YAML config. Raises ``ValueError`` with the offending field on bad input."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"cannot read config {path}: {exc}") from exc
+    return RouterConfig.model_validate(raw or {})

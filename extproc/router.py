@@ -1,0 +1,273 @@
+"""``Router.route()``: every await happens here (prepare, hash, lookup), then one pure decision.
+
+Read path per request: classify → parse + render + tokenize (off the event loop) → hash blocks → look the
+blocks up (precise and approximate indexes, each under a deadline) → build frozen candidates → the profile
+decides → record what we routed (in-flight load, approximate index) → one structured log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Protocol
+
+from extproc.backends.inflight import InflightLoad
+from extproc.backends.registry import EndpointRegistry, EndpointState
+from extproc.errors import NoEndpoint, RouterError
+from extproc.kvcache.index import IndexUnavailable, PrefixIndex
+from extproc.observability import RouterMetrics
+from extproc.scheduling.filters import eligible
+from extproc.scheduling.profiles import Profile
+from extproc.types import (
+    BlockHash,
+    Candidate,
+    Decision,
+    EndpointId,
+    HashScheme,
+    HttpRequest,
+    LoadSnapshot,
+    LoraAdapter,
+    PassThrough,
+    Route,
+    RoutingRequest,
+    Tenant,
+)
+
+log = logging.getLogger("extproc.decision")
+
+LLM_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+HEADER_REASON = "x-router-reason"
+HEADER_CACHED = "x-router-cached-tokens"
+HEADER_PROMPT = "x-router-prompt-tokens"
+_INLINE_HASH_BLOCKS = 256  # longer prompts are hashed off the event loop
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedPrompt:
+    """A request understood: which model/adapter, its cache salt, and its token ids (None: tokenizer failed)."""
+
+    model: str
+    base_model: str
+    lora: LoraAdapter | None
+    cache_salt: str | None
+    token_ids: Sequence[int] | None
+    parse_s: float = 0.0  # of the prepare step, the time spent parsing the body (the rest is render+tokenize)
+
+
+class Preparer(Protocol):
+    async def prepare(self, request: HttpRequest) -> PreparedPrompt:
+        """Parse, resolve the model, render and tokenize. Raises RouterError for bad input; a tokenizer
+        failure is not an error (``token_ids`` None)."""
+        ...
+
+
+class Hasher(Protocol):
+    def __call__(
+        self, scheme: HashScheme, tokens: Sequence[int], lora: LoraAdapter | None, salt: str | None
+    ) -> list[BlockHash]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RouterSettings:
+    stale_after_s: float = 2.0
+    lookup_deadline_s: float = 0.005
+    approx_ttl_s: float = 600.0
+    burst_mark_ttl_s: float = 2.0
+    tenant_header: str = "x-gateway-inference-fairness-id"
+    max_blocks: int = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class RouterDeps:
+    """What the router reads and writes; built by the composition root."""
+
+    preparer: Preparer
+    hasher: Hasher
+    scheme_for: Callable[[str], HashScheme]  # base model → its pool's hash scheme
+    tenant_for: Callable[[str], Tenant]  # tenant id → class
+    registry: EndpointRegistry
+    inflight: InflightLoad
+    precise: PrefixIndex
+    approx: PrefixIndex
+    is_precise: Callable[[EndpointId], bool]  # endpoint has a live, trusted event stream
+    profile: Profile
+    metrics: RouterMetrics
+    executor: Executor
+
+
+class Router:
+    """Implements the ext_proc adapter's ``RouteHandler``."""
+
+    def __init__(self, deps: RouterDeps, settings: RouterSettings, *, rng: random.Random | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._d = deps
+        self._s = settings
+        self._rng = rng or random.Random()
+        self._clock = clock
+        self._background: set[asyncio.Task[None]] = set()
+
+    async def route(self, request: HttpRequest) -> Route | PassThrough:
+        """Decide where ``request`` goes. Raises RouterError (mapped to an HTTP error by the adapter)."""
+        if request.method != "POST" or request.path.split("?", 1)[0] not in LLM_PATHS:
+            return PassThrough()
+        timer = _PhaseTimer(self._clock)
+        try:
+            decision, routing = await self._decide(request, timer)
+        except RouterError as exc:
+            self._d.metrics.rejections.labels(str(exc.status)).inc()
+            log.info(json.dumps({"request_id": request.request_id, "rejected": exc.status, "error": exc.message}))
+            raise
+        self._record(routing, decision)
+        timer.mark("total_end")
+        self._observe(request, routing, decision, timer)
+        return Route(decision.endpoints, {
+            HEADER_REASON: decision.reason.value,
+            HEADER_CACHED: str(decision.cached_tokens),
+            HEADER_PROMPT: str(routing.prompt_tokens),
+        })
+
+    async def _decide(self, request: HttpRequest, timer: _PhaseTimer) -> tuple[Decision, RoutingRequest]:
+        prepared = await self._d.preparer.prepare(request)
+        timer.mark("tokenize", split_first=("parse", prepared.parse_s))
+        scheme = self._d.scheme_for(prepared.base_model)
+        hashes = await self._hash(scheme, prepared)
+        timer.mark("hash")
+        tenant_id = request.headers.get(self._s.tenant_header, "")
+        routing = RoutingRequest(
+            request_id=request.request_id, model=prepared.model, base_model=prepared.base_model,
+            lora=prepared.lora, prompt_tokens=len(prepared.token_ids or ()), block_hashes=hashes,
+            block_size=scheme.block_size, tenant=self._d.tenant_for(tenant_id),
+            subset=frozenset(request.subset) if request.subset is not None else None,
+        )
+        states = self._d.registry.snapshot()
+        endpoints = eligible((s.endpoint for s in states.values()), routing.base_model, routing.lora,
+                             routing.subset)
+        if not endpoints:
+            raise NoEndpoint("no eligible endpoint serves this model")
+        matches = await self._lookup(hashes, [e.id for e in endpoints])
+        timer.mark("lookup")
+        candidates = [self._candidate(states[e.id], matches.get(e.id, 0)) for e in endpoints]
+        decision = self._d.profile.decide(routing, candidates, self._rng)
+        timer.mark("score")
+        return decision, routing
+
+    async def _hash(self, scheme: HashScheme, prepared: PreparedPrompt) -> list[BlockHash]:
+        tokens = prepared.token_ids
+        if not tokens:
+            return []
+        tokens = tokens[: self._s.max_blocks * scheme.block_size]
+        if len(tokens) <= _INLINE_HASH_BLOCKS * scheme.block_size:
+            return self._d.hasher(scheme, tokens, prepared.lora, prepared.cache_salt)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._d.executor, self._d.hasher, scheme, tokens, prepared.lora, prepared.cache_salt
+        )
+
+    async def _lookup(self, hashes: Sequence[BlockHash], endpoints: Sequence[EndpointId]) -> dict[EndpointId, int]:
+        """Leading cached blocks per endpoint: event-fed endpoints from the precise index (plus our short-lived
+        burst marks), the others from the approximate index. A slow or failed index counts as no match."""
+        if not hashes:
+            return {}
+        precise = [e for e in endpoints if self._d.is_precise(e)]
+        exact, approx = await asyncio.gather(
+            self._match("precise", self._d.precise, hashes, precise),
+            self._match("approx", self._d.approx, hashes, endpoints),
+        )
+        return {e: max(exact.get(e, 0), approx.get(e, 0)) for e in endpoints}
+
+    async def _match(self, name: str, index: PrefixIndex, hashes: Sequence[BlockHash],
+                     endpoints: Collection[EndpointId]) -> Mapping[EndpointId, int]:
+        if not endpoints:
+            return {}
+        try:
+            return await asyncio.wait_for(index.match(hashes, endpoints), self._s.lookup_deadline_s)
+        except (TimeoutError, IndexUnavailable) as exc:
+            self._d.metrics.index_failures.labels(name).inc()
+            log.debug("index %s lookup failed: %s", name, exc)
+            return {}
+
+    def _candidate(self, state: EndpointState, cached_blocks: int) -> Candidate:
+        eid = state.endpoint.id
+        now = self._clock()
+        known = state.load_known(now, self._s.stale_after_s)
+        m = state.metrics if known else None
+        waiting = m.waiting if m else 0
+        inflight = self._d.inflight
+        queued = max(inflight.queued_tokens(eid), waiting * inflight.mean_uncached_tokens)
+        load = LoadSnapshot(
+            running=m.running if m else 0, waiting=waiting, kv_usage=m.kv_usage if m else 0.0, known=known,
+            scraped_at_s=state.scraped_at_s, inflight_requests=inflight.routed_since_scrape(eid),
+            queued_prefill_tokens=queued,
+        )
+        return Candidate(state.endpoint, load, cached_blocks, precise=self._d.is_precise(eid))
+
+    def _record(self, routing: RoutingRequest, decision: Decision) -> None:
+        """What we just routed becomes load and (approximate) cache state on the pick, before the next request."""
+        pick = decision.endpoints[0]
+        self._d.inflight.add(pick, max(routing.prompt_tokens - decision.cached_tokens, 0))
+        if routing.block_hashes:
+            ttl = self._s.burst_mark_ttl_s if self._d.is_precise(pick) else self._s.approx_ttl_s
+            self._spawn(self._d.approx.store(pick, routing.block_hashes, ttl_s=ttl))
+
+    def _spawn(self, coro: object) -> None:
+        async def run() -> None:
+            try:
+                await coro  # type: ignore[misc]
+            except Exception as exc:  # the approximate index is best effort
+                log.debug("approximate index write failed: %s", exc)
+
+        task = asyncio.create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _observe(self, request: HttpRequest, routing: RoutingRequest, decision: Decision,
+                 timer: _PhaseTimer) -> None:
+        m = self._d.metrics
+        m.decisions.labels(decision.reason.value).inc()
+        m.cached_tokens.inc(decision.cached_tokens)
+        m.prompt_tokens.inc(routing.prompt_tokens)
+        for phase, seconds in timer.phases().items():
+            m.phase_seconds.labels(phase).observe(seconds)
+        if log.isEnabledFor(logging.INFO):
+            log.info(json.dumps({
+                "request_id": request.request_id, "model": routing.model, "tenant": routing.tenant.id,
+                "endpoint": decision.endpoints[0], "fallbacks": decision.endpoints[1:],
+                "reason": decision.reason.value, "prompt_tokens": routing.prompt_tokens,
+                "cached_tokens": decision.cached_tokens,
+                "scores": {e: round(v, 4) for e, v in decision.scores.items()},
+                "ms": {k: round(v * 1000, 3) for k, v in timer.phases().items()},
+            }))
+
+
+class _PhaseTimer:
+    """Marks phase boundaries: each mark ends the named phase that began at the previous mark."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._start = clock()
+        self._marks: list[tuple[str, float]] = []
+
+    def mark(self, phase: str, split_first: tuple[str, float] | None = None) -> None:
+        """End ``phase`` now; ``split_first`` carves a leading sub-phase of known length out of it."""
+        now = self._clock()
+        if split_first is not None:
+            prev = self._marks[-1][1] if self._marks else self._start
+            self._marks.append((split_first[0], min(prev + split_first[1], now)))
+        self._marks.append((phase, now))
+
+    def phases(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        prev = self._start
+        for phase, t in self._marks:
+            if phase == "total_end":
+                out["total"] = t - self._start
+            else:
+                out[phase] = t - prev
+                prev = t
+        return out

@@ -1,0 +1,115 @@
+"""Scheduling profiles: turn frozen candidates into a ``Decision``.
+
+``TtftProfile`` (the default) estimates each candidate's time to first token and picks the lowest, spreading
+near-ties; it stays with the warmest endpoint while that costs at most ``stickiness_s`` more (or, for a tenant
+with a TTFT target, while the warm estimate meets the target), because keeping a prefix where it is cached saves
+prefill work for the requests that follow. ``WeightedProfile`` is the classic weighted-scorer blend.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from extproc.errors import NoEndpoint, Overloaded
+from extproc.scheduling.estimate import EstimatorParams, cached_tokens, estimate_ttft_s
+from extproc.scheduling.scorers import SCORERS
+from extproc.types import Candidate, Decision, EndpointId, Reason, RoutingRequest
+
+
+class Profile(Protocol):
+    def decide(self, request: RoutingRequest, candidates: Sequence[Candidate], rng: random.Random) -> Decision:
+        """Pick among ``candidates`` (already filtered). Raises NoEndpoint (none) or Overloaded (shed)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class TtftProfile:
+    params: EstimatorParams = EstimatorParams()
+    stickiness_s: float = 0.05
+    tie_epsilon_s: float = 0.002
+    fallbacks: int = 2
+    shed_ttft_s: float = 30.0
+
+    def decide(self, request: RoutingRequest, candidates: Sequence[Candidate], rng: random.Random) -> Decision:
+        if not candidates:
+            raise NoEndpoint("no eligible endpoint serves this model")
+        est = {
+            c.endpoint.id: estimate_ttft_s(c, request.prompt_tokens, request.block_size, self.params)
+            for c in candidates
+        }
+        best = min(est.values())
+        if request.tenant.priority < 0 and best > self.shed_ttft_s:
+            raise Overloaded(f"all endpoints busy (estimated TTFT {best:.1f}s); sheddable request refused")
+        pick, reason = self._pick(request, candidates, est, best, rng)
+        chosen = next(c for c in candidates if c.endpoint.id == pick)
+        return Decision(
+            endpoints=(pick, *_fallbacks(est, pick, self.fallbacks)),
+            reason=reason,
+            cached_tokens=cached_tokens(chosen, request.prompt_tokens, request.block_size),
+            scores=est,
+        )
+
+    def _pick(
+        self,
+        request: RoutingRequest,
+        candidates: Sequence[Candidate],
+        est: Mapping[EndpointId, float],
+        best: float,
+        rng: random.Random,
+    ) -> tuple[EndpointId, Reason]:
+        if request.prompt_tokens == 0:
+            return _spread(est, best, self.tie_epsilon_s, rng), Reason.NO_TOKENS
+        warm = max(candidates, key=lambda c: (c.cached_blocks, -est[c.endpoint.id]))
+        if warm.cached_blocks == 0:
+            return _spread(est, best, self.tie_epsilon_s, rng), Reason.LOAD
+        warm_est = est[warm.endpoint.id]
+        target = request.tenant.ttft_target_s
+        if warm_est <= best + self.stickiness_s or (target is not None and warm_est <= target):
+            return warm.endpoint.id, Reason.CACHE
+        pick = _spread(est, best, self.tie_epsilon_s, rng)
+        return pick, Reason.SPILL
+
+
+def _spread(est: Mapping[EndpointId, float], best: float, epsilon: float, rng: random.Random) -> EndpointId:
+    """One of the endpoints whose estimate is within ``epsilon`` of the best, at random (ties spread)."""
+    ties = sorted(e for e, v in est.items() if v <= best + epsilon)
+    return ties[0] if len(ties) == 1 else rng.choice(ties)
+
+
+def _fallbacks(scores: Mapping[EndpointId, float], pick: EndpointId, n: int) -> tuple[EndpointId, ...]:
+    """The next ``n`` endpoints by score (lower first), for Envoy's retries."""
+    rest = sorted((v, e) for e, v in scores.items() if e != pick)
+    return tuple(e for _, e in rest[:n])
+
+
+@dataclass(frozen=True, slots=True)
+class WeightedProfile:
+    """Score each candidate with weighted scorers in [0, 1] (higher is better) and take the maximum."""
+
+    weights: Mapping[str, float]
+    params: EstimatorParams = EstimatorParams()
+    fallbacks: int = 2
+
+    def decide(self, request: RoutingRequest, candidates: Sequence[Candidate], rng: random.Random) -> Decision:
+        if not candidates:
+            raise NoEndpoint("no eligible endpoint serves this model")
+        total: dict[EndpointId, float] = {c.endpoint.id: 0.0 for c in candidates}
+        for name, weight in self.weights.items():
+            scores = SCORERS[name](request, candidates)
+            for c in candidates:
+                total[c.endpoint.id] += weight * min(max(scores.get(c.endpoint.id, 0.0), 0.0), 1.0)
+        neg = {e: -v for e, v in total.items()}  # lower-is-better for the shared helpers
+        pick = _spread(neg, min(neg.values()), 1e-9, rng)
+        chosen = next(c for c in candidates if c.endpoint.id == pick)
+        reason = Reason.CACHE if chosen.cached_blocks else Reason.LOAD
+        if request.prompt_tokens == 0:
+            reason = Reason.NO_TOKENS
+        return Decision(
+            endpoints=(pick, *_fallbacks(neg, pick, self.fallbacks)),
+            reason=reason,
+            cached_tokens=cached_tokens(chosen, request.prompt_tokens, request.block_size),
+            scores=total,
+        )

@@ -1,0 +1,163 @@
+"""Router.route() with hand-written fakes: what it routes, what it records, how it degrades."""
+
+import asyncio
+import random
+from collections.abc import Collection, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from extproc.backends.inflight import InflightLoad
+from extproc.backends.registry import EndpointRegistry
+from extproc.backends.vllm_metrics import EngineMetrics
+from extproc.errors import BadRequest, NoEndpoint
+from extproc.kvcache.index import IndexUnavailable
+from extproc.observability import RouterMetrics
+from extproc.router import PreparedPrompt, Router, RouterDeps, RouterSettings
+from extproc.scheduling.estimate import EstimatorParams
+from extproc.scheduling.profiles import TtftProfile
+from extproc.types import (
+    BlockHash,
+    Endpoint,
+    EndpointId,
+    HashScheme,
+    HttpRequest,
+    LoraAdapter,
+    PassThrough,
+    Route,
+    Tenant,
+)
+
+A, B = EndpointId("127.0.0.1:8001"), EndpointId("127.0.0.1:8002")
+
+
+class FakePreparer:
+    def __init__(self, tokens: list[int] | None) -> None:
+        self.tokens = tokens
+
+    async def prepare(self, request: HttpRequest) -> PreparedPrompt:
+        if request.body == b"bad":
+            raise BadRequest("bad body")
+        return PreparedPrompt("m", "m", None, None, self.tokens)
+
+
+def fake_hasher(scheme: HashScheme, tokens: Sequence[int], lora: LoraAdapter | None,
+                salt: str | None) -> list[BlockHash]:
+    n = len(tokens) // scheme.block_size
+    return [BlockHash(hash(tuple(tokens[: (i + 1) * scheme.block_size]))) for i in range(n)]
+
+
+class DictIndex:
+    def __init__(self, fail: bool = False, delay_s: float = 0.0) -> None:
+        self.held: dict[EndpointId, set[BlockHash]] = {}
+        self.fail, self.delay_s = fail, delay_s
+
+    async def match(self, hashes: Sequence[BlockHash], endpoints: Collection[EndpointId]) -> Mapping[EndpointId, int]:
+        if self.fail:
+            raise IndexUnavailable("down")
+        await asyncio.sleep(self.delay_s)
+        out = {}
+        for e in endpoints:
+            n = 0
+            while n < len(hashes) and hashes[n] in self.held.get(e, set()):
+                n += 1
+            out[e] = n
+        return out
+
+    async def store(self, endpoint: EndpointId, hashes: Sequence[BlockHash], *, ttl_s: float | None = None) -> None:
+        self.held.setdefault(endpoint, set()).update(hashes)
+
+    async def remove(self, endpoint: EndpointId, hashes: Sequence[BlockHash]) -> None: ...
+    async def clear(self, endpoint: EndpointId) -> None: ...
+    async def close(self) -> None: ...
+
+
+def make_router(tokens: list[int] | None = None, *, precise: DictIndex | None = None,
+                approx: DictIndex | None = None, registry: EndpointRegistry | None = None,
+                settings: RouterSettings | None = None) -> tuple[Router, DictIndex, InflightLoad]:
+    registry = registry or EndpointRegistry([Endpoint(A), Endpoint(B)])
+    for eid in registry.snapshot():
+        registry.scraped(eid, EngineMetrics(running=0, waiting=0, kv_usage=0.1, models=frozenset({"m"})))
+    approx = approx or DictIndex()
+    inflight = InflightLoad(10000.0)
+    deps = RouterDeps(
+        preparer=FakePreparer(tokens if tokens is not None else list(range(1000))),
+        hasher=fake_hasher, scheme_for=lambda m: HashScheme(), tenant_for=lambda t: Tenant(t),
+        registry=registry, inflight=inflight, precise=precise or DictIndex(), approx=approx,
+        is_precise=lambda e: False,
+        profile=TtftProfile(params=EstimatorParams(prefill_tokens_per_s=10000.0)),
+        metrics=RouterMetrics(CollectorRegistry()), executor=ThreadPoolExecutor(1),
+    )
+    return Router(deps, settings or RouterSettings(), rng=random.Random(0)), approx, inflight
+
+
+def post(body: bytes = b"{}", path: str = "/v1/chat/completions", subset=None) -> HttpRequest:
+    return HttpRequest("POST", path, {}, body, "req-1", subset)
+
+
+async def test_non_llm_requests_pass_through() -> None:
+    router, _, _ = make_router()
+    assert isinstance(await router.route(HttpRequest("GET", "/v1/models", {}, b"", "r")), PassThrough)
+    assert isinstance(await router.route(post(path="/metrics")), PassThrough)
+
+
+async def test_second_request_follows_the_first_through_the_approximate_index() -> None:
+    router, approx, inflight = make_router()
+    first = await router.route(post())
+    await asyncio.sleep(0)  # let the approximate-index write land
+    second = await router.route(post())
+    assert isinstance(first, Route) and isinstance(second, Route)
+    assert second.endpoints[0] == first.endpoints[0]
+    assert second.headers["x-router-reason"] == "cache"
+    assert int(second.headers["x-router-cached-tokens"]) == 992  # 62 full blocks of 16, last token excluded
+    assert set(second.endpoints) == {A, B}
+
+
+async def test_a_burst_spreads_because_routed_work_counts_as_load() -> None:
+    router, _, _ = make_router()
+    picks = []
+    for i in range(4):
+        router._d.preparer.tokens = [i * 10000 + t for t in range(1000)]  # type: ignore[attr-defined]
+        result = await router.route(post())
+        assert isinstance(result, Route)
+        picks.append(result.endpoints[0])
+    assert picks.count(A) == 2 and picks.count(B) == 2
+
+
+@pytest.mark.parametrize("index", [DictIndex(fail=True), DictIndex(delay_s=0.2)], ids=["down", "slow"])
+async def test_index_failure_routes_by_load(index: DictIndex) -> None:
+    router, _, _ = make_router(approx=index, settings=RouterSettings(lookup_deadline_s=0.01))
+    result = await router.route(post())
+    assert isinstance(result, Route) and result.headers["x-router-reason"] == "load"
+
+
+async def test_tokenizer_failure_routes_by_load() -> None:
+    router, _, _ = make_router()
+    router._d.preparer.tokens = None  # type: ignore[attr-defined]
+    result = await router.route(post())
+    assert isinstance(result, Route) and result.headers["x-router-reason"] == "no_tokens"
+
+
+async def test_bad_input_raises_the_typed_error() -> None:
+    router, _, _ = make_router()
+    with pytest.raises(BadRequest):
+        await router.route(post(b"bad"))
+
+
+async def test_subset_hint_restricts_and_empty_subset_is_no_endpoint() -> None:
+    router, _, _ = make_router()
+    result = await router.route(post(subset=(B,)))
+    assert isinstance(result, Route) and result.endpoints == (B,)
+    with pytest.raises(NoEndpoint):
+        await router.route(post(subset=()))
+
+
+async def test_unhealthy_endpoints_are_skipped() -> None:
+    registry = EndpointRegistry([Endpoint(A), Endpoint(B)])
+    router, _, _ = make_router(registry=registry)
+    registry.failed(A, unreachable=True)
+    registry.failed(A, unreachable=True)
+    for _ in range(3):
+        result = await router.route(post())
+        assert isinstance(result, Route) and result.endpoints == (B,)

@@ -1,0 +1,147 @@
+"""Table tests for the pure decision: estimates, filters and profiles."""
+
+import random
+
+import pytest
+
+from extproc.errors import NoEndpoint, Overloaded
+from extproc.scheduling.estimate import EstimatorParams, cached_tokens, estimate_ttft_s
+from extproc.scheduling.filters import eligible
+from extproc.scheduling.profiles import TtftProfile, WeightedProfile
+from extproc.types import (
+    BlockHash,
+    Candidate,
+    Endpoint,
+    EndpointId,
+    LoadSnapshot,
+    LoraAdapter,
+    Reason,
+    RoutingRequest,
+    Tenant,
+)
+
+A, B, C = EndpointId("10.0.0.1:8000"), EndpointId("10.0.0.2:8000"), EndpointId("10.0.0.3:8000")
+PARAMS = EstimatorParams(prefill_tokens_per_s=10000.0, decode_slowdown_per_running=0.0, request_overhead_s=0.0)
+
+
+def cand(eid: EndpointId, cached: int = 0, queued: float = 0.0, *, known: bool = True, kv: float = 0.0,
+         waiting: int = 0) -> Candidate:
+    load = LoadSnapshot(known=known, queued_prefill_tokens=queued, kv_usage=kv, waiting=waiting)
+    return Candidate(Endpoint(eid), load, cached_blocks=cached, precise=True)
+
+
+def req(tokens: int = 1600, tenant: Tenant | None = None) -> RoutingRequest:
+    blocks = [BlockHash(i) for i in range(tokens // 16)]
+    return RoutingRequest("r1", "m", "m", None, tokens, blocks, 16, tenant or Tenant())
+
+
+@pytest.mark.parametrize(
+    ("prompt", "cached_blocks", "expected"),
+    [(1600, 100, 1584), (1600, 50, 800), (1601, 100, 1600), (0, 5, 0), (16, 1, 0)],
+    ids=["all-cached-minus-last-block", "half", "last-token-recomputed", "no-tokens", "single-block"],
+)
+def test_cached_tokens_never_covers_the_last_prompt_token(prompt: int, cached_blocks: int, expected: int) -> None:
+    assert cached_tokens(cand(A, cached_blocks), prompt, 16) == expected
+
+
+def test_estimate_counts_only_uncached_tokens_and_the_queue_ahead() -> None:
+    cold = estimate_ttft_s(cand(A, 0), 1600, 16, PARAMS)
+    warm = estimate_ttft_s(cand(A, 99), 1600, 16, PARAMS)
+    queued = estimate_ttft_s(cand(A, 0, queued=10000), 1600, 16, PARAMS)
+    assert cold == pytest.approx(0.16)
+    assert warm == pytest.approx(0.0016)
+    assert queued == pytest.approx(1.16)
+
+
+def test_unknown_load_is_not_idle() -> None:
+    assert estimate_ttft_s(cand(A, known=False), 1600, 16, PARAMS) > estimate_ttft_s(cand(A), 1600, 16, PARAMS)
+
+
+def test_kv_pressure_adds_delay() -> None:
+    assert estimate_ttft_s(cand(A, kv=0.99), 1600, 16, PARAMS) > estimate_ttft_s(cand(A, kv=0.5), 1600, 16, PARAMS)
+
+
+TABLE = [
+    # id, candidates, expected pick, expected reason
+    ("warm-and-idle-wins", [cand(A, 99), cand(B, 0)], A, Reason.CACHE),
+    ("no-prefix-anywhere-least-loaded", [cand(A, 0, queued=5000), cand(B, 0)], B, Reason.LOAD),
+    # The case the project exists for: A holds the prefix but has a long queue; B is idle and cold.
+    ("warm-but-swamped-spills-to-cold", [cand(A, 99, queued=50000), cand(B, 0)], B, Reason.SPILL),
+    ("warm-with-short-queue-still-wins", [cand(A, 99, queued=800), cand(B, 0)], A, Reason.CACHE),
+    ("longest-prefix-wins-among-warm", [cand(A, 20), cand(B, 99), cand(C, 50)], B, Reason.CACHE),
+]
+
+
+@pytest.mark.parametrize(("candidates", "pick", "reason"), [t[1:] for t in TABLE], ids=[t[0] for t in TABLE])
+def test_ttft_profile_table(candidates: list[Candidate], pick: EndpointId, reason: Reason) -> None:
+    decision = TtftProfile(params=PARAMS).decide(req(), candidates, random.Random(0))
+    assert decision.endpoints[0] == pick
+    assert decision.reason == reason
+    assert len(decision.endpoints) == len(set(decision.endpoints))
+
+
+def test_tenant_ttft_target_bounds_the_wait_for_a_warm_endpoint() -> None:
+    candidates = [cand(A, 99, queued=15000), cand(B, 0)]  # warm ~1.5 s, cold ~0.16 s
+    patient = req(tenant=Tenant("batch", ttft_target_s=3.0))
+    hurried = req(tenant=Tenant("chat", ttft_target_s=0.5))
+    profile = TtftProfile(params=PARAMS)
+    assert profile.decide(patient, candidates, random.Random(0)).endpoints[0] == A
+    assert profile.decide(hurried, candidates, random.Random(0)).endpoints[0] == B
+
+
+def test_ties_are_spread() -> None:
+    candidates = [cand(A), cand(B), cand(C)]
+    rng = random.Random(1)
+    picks = {TtftProfile(params=PARAMS).decide(req(), candidates, rng).endpoints[0] for _ in range(60)}
+    assert picks == {A, B, C}
+
+
+def test_fallbacks_follow_the_pick_in_estimate_order() -> None:
+    candidates = [cand(A, 0, queued=3000), cand(B, 99), cand(C, 0, queued=1000)]
+    decision = TtftProfile(params=PARAMS, fallbacks=2).decide(req(), candidates, random.Random(0))
+    assert decision.endpoints == (B, C, A)
+
+
+def test_no_candidates_is_no_endpoint() -> None:
+    with pytest.raises(NoEndpoint):
+        TtftProfile().decide(req(), [], random.Random(0))
+
+
+def test_sheddable_tenant_is_refused_when_everything_is_swamped() -> None:
+    candidates = [cand(A, queued=10**6), cand(B, queued=10**6)]
+    profile = TtftProfile(params=PARAMS, shed_ttft_s=5.0)
+    with pytest.raises(Overloaded):
+        profile.decide(req(tenant=Tenant("bulk", priority=-1)), candidates, random.Random(0))
+    assert profile.decide(req(tenant=Tenant("vip", priority=1)), candidates, random.Random(0)).endpoints
+
+
+def test_no_tokens_routes_by_load() -> None:
+    decision = TtftProfile(params=PARAMS).decide(req(0), [cand(A, queued=9000), cand(B)], random.Random(0))
+    assert (decision.endpoints[0], decision.reason) == (B, Reason.NO_TOKENS)
+
+
+def test_weighted_profile_prefers_prefix_then_queue() -> None:
+    profile = WeightedProfile(weights={"prefix": 3.0, "queue": 2.0, "kv": 1.0})
+    d = profile.decide(req(), [cand(A, 99, waiting=1), cand(B, 0, waiting=0)], random.Random(0))
+    assert (d.endpoints[0], d.reason) == (A, Reason.CACHE)
+    d = profile.decide(req(), [cand(A, 0, waiting=5), cand(B, 0, waiting=0)], random.Random(0))
+    assert (d.endpoints[0], d.reason) == (B, Reason.LOAD)
+
+
+FILTER_TABLE = [
+    ("healthy-only", [Endpoint(A), Endpoint(B, healthy=False)], None, None, {A}),
+    ("model-served", [Endpoint(A, models=frozenset({"m"})), Endpoint(B, models=frozenset({"x"}))], None, None, {A}),
+    ("undiscovered-counts", [Endpoint(A), Endpoint(B, models=frozenset({"x"}))], None, None, {A}),
+    ("adapter-served", [Endpoint(A, models=frozenset({"m"}), adapters=frozenset({"lo"})),
+                        Endpoint(B, models=frozenset({"m"}), adapters=frozenset({"other"}))],
+     LoraAdapter("lo", "/p"), None, {A}),
+    ("subset-hint", [Endpoint(A), Endpoint(B)], None, frozenset({B}), {B}),
+    ("empty-subset", [Endpoint(A), Endpoint(B)], None, frozenset(), set()),
+]
+
+
+@pytest.mark.parametrize(("endpoints", "lora", "subset", "expected"), [t[1:] for t in FILTER_TABLE],
+                         ids=[t[0] for t in FILTER_TABLE])
+def test_filters(endpoints: list[Endpoint], lora: LoraAdapter | None, subset: frozenset[EndpointId] | None,
+                 expected: set[EndpointId]) -> None:
+    assert {e.id for e in eligible(endpoints, "m", lora, subset)} == expected

@@ -1,0 +1,45 @@
+import pytest
+
+from extproc.backends.vllm_metrics import MetricsParseError, parse_metrics
+
+PAGE = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="Qwen/Qwen3-0.6B"} 3.0
+vllm:num_requests_running{engine="1",model_name="Qwen/Qwen3-0.6B"} 2.0
+vllm:num_requests_waiting{engine="0",model_name="Qwen/Qwen3-0.6B"} 4.0
+vllm:num_requests_waiting{engine="1",model_name="Qwen/Qwen3-0.6B"} 0.0
+vllm:kv_cache_usage_perc{engine="0",model_name="Qwen/Qwen3-0.6B"} 0.5
+vllm:kv_cache_usage_perc{engine="1",model_name="Qwen/Qwen3-0.6B"} 0.25
+vllm:prefix_cache_queries_total{engine="0",model_name="Qwen/Qwen3-0.6B"} 1000.0
+vllm:prefix_cache_hits_total{engine="0",model_name="Qwen/Qwen3-0.6B"} 600.0
+vllm:cache_config_info{block_size="16",enable_prefix_caching="True",engine="0",num_gpu_blocks="2048",prefix_caching_hash_algo="sha256_cbor"} 1.0
+vllm:lora_requests_info{max_lora="4",running_lora_adapters="a,b",waiting_lora_adapters=""} 1.7e9
+vllm:num_requests_running_extra 99
+"""
+
+
+def test_parses_the_fields_the_router_needs() -> None:
+    m = parse_metrics(PAGE)
+    assert (m.running, m.waiting) == (5, 4)
+    assert m.kv_usage == pytest.approx(0.375)
+    assert m.models == frozenset({"Qwen/Qwen3-0.6B"})
+    assert (m.block_size, m.hash_algo, m.prefix_caching, m.num_gpu_blocks) == (16, "sha256_cbor", True, 2048)
+    assert m.running_adapters == frozenset({"a", "b"}) and m.waiting_adapters == frozenset()
+    assert (m.prefix_cache_queries, m.prefix_cache_hits) == (1000.0, 600.0)
+
+
+def test_old_kv_usage_name_is_understood() -> None:
+    page = "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:gpu_cache_usage_perc 0.7\n"
+    assert parse_metrics(page).kv_usage == pytest.approx(0.7)
+
+
+@pytest.mark.parametrize(
+    "page",
+    ["", "<html>502 Bad Gateway</html>", "vllm:num_requests_running{engine=\"0\"} banana\n",
+     "vllm:num_requests_running 1\n"],
+    ids=["empty", "html", "bad-value", "no-waiting-gauge"],
+)
+def test_garbage_is_a_parse_error_not_idle(page: str) -> None:
+    with pytest.raises(MetricsParseError):
+        parse_metrics(page)
