@@ -35,6 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--from-hub", action="store_true", help="download from the Hugging Face hub")
     add.add_argument("--cache-dir", default="tokenizer_cache")
     add.set_defaults(func=_tokenizers)
+
+    from extproc.envoy.command import add_parser as add_envoy_config
+
+    add_envoy_config(sub)
     return parser
 
 

@@ -1,0 +1,148 @@
+"""The two upstream clusters: ``extproc`` (the picker, HTTP/2) and ``picked`` (the model servers)."""
+
+from __future__ import annotations
+
+from envoy_data_plane.envoy.config.cluster.v3 import (
+    CircuitBreakers,
+    CircuitBreakersThresholds,
+    Cluster,
+    ClusterDiscoveryType,
+    ClusterLbPolicy,
+    ClusterOriginalDstLbConfig,
+    LoadBalancingPolicy,
+    LoadBalancingPolicyPolicy,
+)
+from envoy_data_plane.envoy.config.core.v3 import Http2ProtocolOptions
+from envoy_data_plane.envoy.config.endpoint.v3 import (
+    ClusterLoadAssignment,
+    Endpoint,
+    LbEndpoint,
+    LocalityLbEndpoints,
+)
+from envoy_data_plane.envoy.extensions.load_balancing_policies.override_host.v3 import (
+    OverrideHost,
+    OverrideHostOverrideHostSource,
+)
+from envoy_data_plane.envoy.extensions.load_balancing_policies.round_robin.v3 import RoundRobin
+from envoy_data_plane.envoy.extensions.upstreams.http.v3 import (
+    HttpProtocolOptions,
+    HttpProtocolOptionsExplicitHttpConfig,
+)
+from envoy_data_plane.envoy.type.metadata.v3 import MetadataKey, MetadataKeyPathSegment
+
+from extproc.envoy import keys
+from extproc.envoy.options import ClusterMode, EnvoyOptions, OriginalDstSource, split_host_port
+from extproc.envoy.typed import address, extension, is_ip, pack, seconds
+
+CONNECT_TIMEOUT_S = 1.0
+# Envoy's default circuit breakers allow 1024 concurrent requests per cluster; long LLM streams reach that
+# early, and every such request also holds one ext_proc stream (BUFFERED keeps it for the whole response).
+CIRCUIT_LIMIT = 10_000
+MAX_RETRIES_IN_FLIGHT = 100
+_HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+
+
+def clusters(opts: EnvoyOptions) -> list[Cluster]:
+    """The picker cluster and the model-server cluster, in that order."""
+    return [picker_cluster(opts), model_cluster(opts)]
+
+
+def picker_cluster(opts: EnvoyOptions) -> Cluster:
+    """The ext_proc picker: gRPC, so HTTP/2 via typed protocol options (the cluster field is deprecated)."""
+    kind = ClusterDiscoveryType.STATIC if is_ip(opts.picker_host) else ClusterDiscoveryType.STRICT_DNS
+    h2 = HttpProtocolOptions(
+        explicit_http_config=HttpProtocolOptionsExplicitHttpConfig(
+            http2_protocol_options=Http2ProtocolOptions()
+        )
+    )
+    return Cluster(
+        name=keys.PICKER_CLUSTER,
+        type=kind,
+        connect_timeout=seconds(CONNECT_TIMEOUT_S),
+        load_assignment=_assignment(keys.PICKER_CLUSTER, [f"{opts.picker_host}:{opts.picker_port}"]),
+        typed_extension_protocol_options={_HTTP_OPTIONS: pack(h2)},
+        circuit_breakers=_raised_limits(),
+    )
+
+
+def model_cluster(opts: EnvoyOptions) -> Cluster:
+    """The model servers, as the cluster mode says."""
+    if opts.cluster_mode is ClusterMode.ORIGINAL_DST:
+        return _original_dst_cluster(opts)
+    return Cluster(
+        name=keys.MODEL_CLUSTER,
+        type=ClusterDiscoveryType.STATIC,
+        connect_timeout=seconds(CONNECT_TIMEOUT_S),
+        load_assignment=_assignment(keys.MODEL_CLUSTER, list(opts.endpoints)),
+        load_balancing_policy=_policy("envoy.load_balancing_policies.override_host", override_host()),
+        circuit_breakers=_raised_limits(),
+    )
+
+
+def override_host() -> OverrideHost:
+    """Honour the pick (header first, then ``envoy.lb`` metadata); round-robin when there is none.
+
+    A comma-separated pick is a fallback list that retries walk in order; a pick outside the cluster is
+    ignored. The host actually used is written back to ``envoy.lb`` / ``SERVED_KEY`` for the picker.
+    """
+    return OverrideHost(
+        override_host_sources=[
+            OverrideHostOverrideHostSource(header=keys.DEST_HEADER),
+            OverrideHostOverrideHostSource(metadata=_lb_key(keys.DEST_HEADER)),
+        ],
+        fallback_policy=LoadBalancingPolicy(
+            policies=[
+                LoadBalancingPolicyPolicy(
+                    typed_extension_config=extension(
+                        "envoy.load_balancing_policies.round_robin", RoundRobin()
+                    )
+                )
+            ]
+        ),
+        selected_host_key=_lb_key(keys.SERVED_KEY),
+    )
+
+
+def _original_dst_cluster(opts: EnvoyOptions) -> Cluster:
+    """Any ``ip:port`` the picker names; one host only (no fallback list; fail-open turns into 503 UH)."""
+    if opts.original_dst_source is OriginalDstSource.METADATA:
+        lb = ClusterOriginalDstLbConfig(metadata_key=_lb_key(keys.DEST_HEADER))
+    else:
+        lb = ClusterOriginalDstLbConfig(use_http_header=True, http_header_name=keys.DEST_HEADER)
+    return Cluster(
+        name=keys.MODEL_CLUSTER,
+        type=ClusterDiscoveryType.ORIGINAL_DST,
+        lb_policy=ClusterLbPolicy.CLUSTER_PROVIDED,
+        connect_timeout=seconds(CONNECT_TIMEOUT_S),
+        original_dst_lb_config=lb,
+        circuit_breakers=_raised_limits(),
+    )
+
+
+def _lb_key(key: str) -> MetadataKey:
+    return MetadataKey(key=keys.LB_NAMESPACE, path=[MetadataKeyPathSegment(key=key)])
+
+
+def _policy(name: str, config: OverrideHost) -> LoadBalancingPolicy:
+    return LoadBalancingPolicy(
+        policies=[LoadBalancingPolicyPolicy(typed_extension_config=extension(name, config))]
+    )
+
+
+def _assignment(cluster: str, host_ports: list[str]) -> ClusterLoadAssignment:
+    hosts = [split_host_port(hp) for hp in host_ports]
+    lb_endpoints = [LbEndpoint(endpoint=Endpoint(address=address(h, p))) for h, p in hosts]
+    return ClusterLoadAssignment(
+        cluster_name=cluster, endpoints=[LocalityLbEndpoints(lb_endpoints=lb_endpoints)]
+    )
+
+
+def _raised_limits() -> CircuitBreakers:
+    limit = CIRCUIT_LIMIT
+    thresholds = CircuitBreakersThresholds(
+        max_connections=limit,
+        max_pending_requests=limit,
+        max_requests=limit,
+        max_retries=MAX_RETRIES_IN_FLIGHT,
+    )
+    return CircuitBreakers(thresholds=[thresholds])

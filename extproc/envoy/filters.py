@@ -1,0 +1,115 @@
+"""The HTTP filter chain: strip → (subset hint) → ext_proc → router, plus the access log.
+
+Order matters: the strip filter must run before ext_proc so that a client-sent destination header never
+reaches the load balancer (with ORIGINAL_DST it would be an SSRF hole; with override_host it would let a
+client pick its backend when the picker is down).
+"""
+
+from __future__ import annotations
+
+from envoy_data_plane.envoy.config.accesslog.v3 import AccessLog
+from envoy_data_plane.envoy.config.common.mutation_rules.v3 import HeaderMutation as HeaderEdit
+from envoy_data_plane.envoy.config.core.v3 import DataSource, GrpcService, GrpcServiceEnvoyGrpc
+from envoy_data_plane.envoy.config.core.v3 import SubstitutionFormatString as Format
+from envoy_data_plane.envoy.extensions.access_loggers.file.v3 import FileAccessLog
+from envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 import (
+    ExternalProcessor,
+    MetadataOptions,
+    ProcessingMode,
+)
+from envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 import (
+    MetadataOptionsMetadataNamespaces as Namespaces,
+)
+from envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 import ProcessingModeBodySendMode as Body
+from envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 import ProcessingModeHeaderSendMode as Send
+from envoy_data_plane.envoy.extensions.filters.http.header_mutation.v3 import HeaderMutation, Mutations
+from envoy_data_plane.envoy.extensions.filters.http.router.v3 import Router
+from envoy_data_plane.envoy.extensions.filters.http.set_metadata.v3 import Config as SetMetadata
+from envoy_data_plane.envoy.extensions.filters.http.set_metadata.v3 import Metadata
+from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import HttpFilter
+from envoy_data_plane.google.protobuf import Struct
+
+from extproc.envoy import keys
+from extproc.envoy.options import BodyMode, EnvoyOptions
+from extproc.envoy.typed import pack, seconds
+
+EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
+STRIP_FILTER = "envoy.filters.http.header_mutation"
+SUBSET_FILTER = "envoy.filters.http.set_metadata"
+ROUTER_FILTER = "envoy.filters.http.router"
+
+ACCESS_LOG_FORMAT = (
+    "%RESPONSE_CODE% %RESPONSE_FLAGS% %UPSTREAM_HOST% attempts=%UPSTREAM_REQUEST_ATTEMPT_COUNT%"
+    " dest=%REQ(X-GATEWAY-DESTINATION-ENDPOINT)% reason=%REQ(X-ROUTER-REASON)%"
+    " cached=%REQ(X-ROUTER-CACHED-TOKENS)% dur_ms=%DURATION% path=%REQ(:PATH)%\n"
+)
+"""One line per request; ``tests/support/envoy.py`` parses it. Unset values render as ``-``."""
+
+# Envoy does not apply grpc_service.timeout as a deadline on the ext_proc stream (a long SSE response under
+# BUFFERED is not cut); it bounds the stream's setup. message_timeout is what bounds a slow picker.
+_GRPC_TIMEOUT_S = 5.0
+
+
+def http_filters(opts: EnvoyOptions) -> list[HttpFilter]:
+    """The filter chain in order; the router is always last."""
+    chain = [HttpFilter(name=STRIP_FILTER, typed_config=pack(_strip_destination()))]
+    if opts.subset_hint is not None:
+        chain.append(HttpFilter(name=SUBSET_FILTER, typed_config=pack(_subset_hint(opts.subset_hint))))
+    chain.append(HttpFilter(name=EXT_PROC_FILTER, typed_config=pack(ext_processor(opts))))
+    chain.append(HttpFilter(name=ROUTER_FILTER, typed_config=pack(Router())))
+    return chain
+
+
+def _strip_destination() -> HeaderMutation:
+    """Remove any client-sent destination header before ext_proc runs: only the picker may set it."""
+    edit = HeaderEdit(remove=keys.DEST_HEADER)
+    return HeaderMutation(mutations=Mutations(request_mutations=[edit]))
+
+
+def _subset_hint(subset: tuple[str, ...]) -> SetMetadata:
+    """A fixed GIE subset hint, as a gateway would set it: ``envoy.lb.subset_hint`` → key → [ip:port]."""
+    value = Struct.from_dict({keys.SUBSET_KEY: list(subset)})
+    return SetMetadata(metadata=[Metadata(metadata_namespace=keys.SUBSET_NAMESPACE, value=value)])
+
+
+def ext_processor(opts: EnvoyOptions) -> ExternalProcessor:
+    """The ext_proc filter: one pick per request, written to the header and ``envoy.lb`` metadata."""
+    return ExternalProcessor(
+        grpc_service=GrpcService(
+            envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=keys.PICKER_CLUSTER),
+            timeout=seconds(_GRPC_TIMEOUT_S),
+        ),
+        failure_mode_allow=opts.failure_mode_allow,
+        processing_mode=processing_mode(opts),
+        message_timeout=seconds(opts.message_timeout_s),
+        allow_mode_override=True,  # the picker may answer request_headers with body mode NONE (GETs)
+        metadata_options=MetadataOptions(
+            # Without receiving_namespaces Envoy silently drops the picker's envoy.lb metadata.
+            receiving_namespaces=Namespaces(untyped=[keys.LB_NAMESPACE]),
+            forwarding_namespaces=Namespaces(untyped=[keys.SUBSET_NAMESPACE]),
+        ),
+    )
+
+
+def processing_mode(opts: EnvoyOptions) -> ProcessingMode:
+    """Which messages Envoy sends the picker. Duplex streaming needs trailers SEND or Envoy rejects it."""
+    duplex = opts.body_mode is BodyMode.FULL_DUPLEX_STREAMED
+    return ProcessingMode(
+        request_header_mode=Send.SEND,
+        response_header_mode=Send.SEND if opts.send_response_headers else Send.SKIP,
+        request_body_mode=Body.FULL_DUPLEX_STREAMED if duplex else Body.BUFFERED,
+        response_body_mode=Body.NONE,
+        request_trailer_mode=Send.SEND if duplex else Send.SKIP,
+        response_trailer_mode=Send.SKIP,
+    )
+
+
+def access_logs(opts: EnvoyOptions) -> list[AccessLog]:
+    """The file access log, or none when ``access_log_path`` is empty."""
+    if not opts.access_log_path:
+        return []
+    log = FileAccessLog(
+        path=opts.access_log_path,
+        log_format=Format(text_format_source=DataSource(inline_string=ACCESS_LOG_FORMAT)),
+    )
+    return [AccessLog(name="envoy.access_loggers.file", typed_config=pack(log))]
