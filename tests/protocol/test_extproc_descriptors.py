@@ -1,0 +1,61 @@
+"""Our ext_proc protos must be a wire-compatible subset of Envoy's published ones (xds-protos).
+
+Every message, field, enum value and RPC we declare must exist in the published descriptors with the same
+number, type, cardinality, message/enum type and oneof. We may declare fewer. The published side loads in a
+subprocess: the two sets share full names and cannot live in one descriptor pool.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from extproc_descriptor_summary import OUR_MODULES, summarize_modules
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def published() -> dict[str, Any]:
+    script = HERE / "extproc_descriptor_summary.py"
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=True
+    )
+    return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def ours() -> dict[str, Any]:
+    return json.loads(json.dumps(summarize_modules(OUR_MODULES)))
+
+
+def _pairs(ours: dict[str, Any], section: str) -> list[tuple[str, str]]:
+    return [(name, item) for name, items in ours[section].items() for item in items]
+
+
+def test_ours_declares_what_we_need(ours: dict[str, Any]) -> None:
+    assert "envoy.service.ext_proc.v3.ExternalProcessor" in ours["services"]
+    assert ours["messages"]["envoy.service.ext_proc.v3.ProcessingRequest"]["protocol_config"][0] == 11
+    assert len(_pairs(ours, "messages")) > 60
+
+
+@pytest.mark.parametrize("section", ["messages", "enums", "services"])
+def test_every_declaration_matches_published(
+    section: str, ours: dict[str, Any], published: dict[str, Any]
+) -> None:
+    mismatches = []
+    for name, item in _pairs(ours, section):
+        theirs = published[section].get(name, {}).get(item)
+        if theirs != ours[section][name][item]:
+            mismatches.append(f"{name}.{item}: ours={ours[section][name][item]} published={theirs}")
+    assert not mismatches, "\n".join(mismatches)
+
+
+def test_every_message_exists_published(ours: dict[str, Any], published: dict[str, Any]) -> None:
+    # catches an empty message we declared under a wrong name (it has no fields to compare)
+    assert set(ours["messages"]) <= set(published["messages"])
+    assert set(ours["enums"]) <= set(published["enums"])
