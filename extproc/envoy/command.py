@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
     from extproc.envoy.options import EnvoyOptions
 
+HEADER = "# Rendered by `extproc envoy-config`; regenerate it rather than edit it (see envoy/README.md).\n"
 _BODY_MODES = ("buffered", "full_duplex_streamed")
 _CLUSTER_MODES = ("override_host", "original_dst")
 
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     """Print the YAML, or write it to ``-o``. Bad input raises ``ValueError`` (exit 2); nothing is written."""
     from extproc.envoy_config import render_bootstrap, to_yaml
 
-    text = to_yaml(render_bootstrap(options_from_args(args)))
+    text = HEADER + to_yaml(render_bootstrap(options_from_args(args)))
     if args.output is None:
         sys.stdout.write(text)
     else:

@@ -1,0 +1,1 @@
+"""Shared test helpers: free ports (``ports``) and a real-Envoy harness (``envoy``)."""
