@@ -71,7 +71,7 @@ def _redis_harness(url: str) -> Harness:
     async def advance(seconds: float) -> None:
         await asyncio.sleep(seconds)
 
-    h = Harness("redis", make, advance, ttl_unit_s=0.3, supports_capacity=False)
+    h = Harness("redis", make, advance, ttl_unit_s=0.3, supports_capacity=True)
     return h
 
 
@@ -88,7 +88,7 @@ def valkey_url() -> Iterator[str]:
         server.stop(timeout=10.0)
 
 
-BACKENDS = ["memory"]  # "redis" joins once redis_index.py exists
+BACKENDS = ["memory", "redis"]
 
 
 @pytest.fixture(params=BACKENDS)
