@@ -1,4 +1,4 @@
-"""The ext_proc adapter: Envoy's external-processing protocol in, ``HttpRequest`` to the router, decisions out.
+"""The ext_proc adapter: Envoy external processing in, ``HttpRequest`` to the router, decisions out.
 
 Only this package imports the ext_proc stubs (``extproc.protocol.pb``, generated from ``protos/``).
 """
