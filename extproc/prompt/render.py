@@ -1,0 +1,277 @@
+"""Render and tokenize one parsed request exactly as vLLM's HF renderer does (vLLM 0.33, SPEC §5.3).
+
+Synchronous, CPU-bound and pure given a tokenizer: ``tokenizers.py`` runs it on a worker thread. Steps:
+
+1. messages -> vLLM's *conversation*: content parts joined with ``"\\n"`` ("string" content format) or kept as
+   ``[{"type": "text", ...}]`` ("openai" format); ``reasoning_content`` read as ``reasoning``; assistant
+   ``tool_calls[].function.arguments`` JSON strings decoded to objects; ``developer`` becomes ``system`` when
+   the template has no such role. Multimodal parts cannot be reproduced: ``TokenizeFailed``.
+2. template kwargs: the request's ``chat_template_kwargs`` overridden by the explicit fields
+   (``add_generation_prompt``, ``continue_final_message``, ``documents``, ``reasoning_effort``, and
+   ``enable_thinking = reasoning_effort != "none"`` unless the request set it), then filtered to the variables
+   the template declares plus HF's own parameters.
+3. ``tokenizer.apply_chat_template(conversation, tools=..., tokenize=True, return_dict=False, **kwargs)``;
+   with ``add_special_tokens=true`` the rendered text is encoded with special tokens instead.
+4. ``truncate_prompt_tokens`` keeps the last N tokens (``truncation_side="right"``: the first N).
+
+Message text is template *data*: ``{{ 7*7 }}`` inside a message renders as those literal characters.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import jinja2
+import jinja2.ext
+import jinja2.meta
+import jinja2.nodes
+import jinja2.parser
+import jinja2.sandbox
+
+from extproc.prompt.openai import ParsedRequest, RequestKind
+
+_TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text", "refusal", "thinking"})
+_TEXT_PART_FIELD = {"thinking": "thinking", "refusal": "refusal"}  # the rest carry "text"
+# apply_chat_template parameters that would change *how* we call it, not what the template sees.
+_CONFLICTING_KWARGS = frozenset(
+    {"tokenize", "chat_template", "tools", "conversation", "return_dict", "return_tensors", "padding",
+     "truncation", "max_length", "tokenizer_kwargs", "processor_kwargs", "return_assistant_tokens_mask"}
+)  # fmt: skip
+_HF_TEMPLATE_PARAMS = frozenset({"add_generation_prompt", "continue_final_message", "documents"})
+_CONTENT_LOOP = re.compile(r"for\s+\w+\s+in\s+\w+(?:\.content|\[\s*['\"]content['\"]\s*\])")
+
+
+class TokenizeFailed(Exception):
+    """Rendering or tokenizing failed or timed out; the router routes such a request by load alone."""
+
+
+class ChatTokenizer(Protocol):
+    """The slice of a ``transformers`` tokenizer we use (tests pass fakes)."""
+
+    chat_template: Any
+
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
+
+    def __call__(self, text: str, **kwargs: Any) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateInfo:
+    """What vLLM derives from a chat template once: its variables, content format and developer role."""
+
+    variables: frozenset[str] | None  # None: the template would not parse; kwargs go through unfiltered
+    content_format: str  # "string" | "openai"
+    has_developer_role: bool
+    default_kwargs: Mapping[str, Any] = field(default_factory=dict)  # the server's defaults, lowest priority
+
+    @classmethod
+    def of(
+        cls,
+        template: str | None,
+        content_format: str = "auto",
+        default_kwargs: Mapping[str, Any] | None = None,
+    ) -> TemplateInfo:
+        """Inspect ``template``; ``content_format`` "auto" detects a loop over ``message.content``."""
+        source = template if isinstance(template, str) else ""
+        if content_format == "auto":
+            content_format = "openai" if _CONTENT_LOOP.search(source) else "string"
+        variables = _template_variables(source)
+        return cls(variables, content_format, "developer" in source, dict(default_kwargs or {}))
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """Parses HF's ``{% generation %}...{% endgeneration %}`` so the template can be inspected."""
+
+    tags = {"generation"}  # noqa: RUF012 (jinja2's class attribute)
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node | list[jinja2.nodes.Node]:
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
+def _template_variables(source: str) -> frozenset[str] | None:
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+    try:
+        return frozenset(jinja2.meta.find_undeclared_variables(env.parse(source)))
+    except jinja2.TemplateError:
+        return None
+
+
+def render_and_tokenize_sync(
+    tokenizer: ChatTokenizer, info: TemplateInfo, parsed: ParsedRequest
+) -> list[int]:
+    """Token ids of ``parsed`` as vLLM computes them. Raises ``TokenizeFailed`` for anything it cannot do.
+
+    Completion batches tokenize their first prompt only (the one routing uses); token-id prompts are returned
+    as they are (after truncation).
+    """
+    try:
+        if parsed.kind is RequestKind.CHAT:
+            tokens = _chat_tokens(tokenizer, info, parsed)
+        else:
+            tokens = _completion_tokens(tokenizer, parsed)
+    except TokenizeFailed:
+        raise
+    except Exception as exc:  # jinja2, tokenizers, or a template raising on odd input: all route by load
+        raise TokenizeFailed(f"{type(exc).__name__}: {exc}") from exc
+    return truncate(tokens, parsed.truncate_prompt_tokens, parsed.truncation_side)
+
+
+def truncate(tokens: list[int], keep: int | None, side: str | None) -> list[int]:
+    """vLLM's ``truncate_prompt_tokens``: None or -1 (max_model_len, unknown here) keep everything."""
+    if keep is None or keep < 0 or keep >= len(tokens):
+        return tokens
+    if keep == 0:
+        return []
+    return tokens[:keep] if side == "right" else tokens[-keep:]
+
+
+def _completion_tokens(tokenizer: ChatTokenizer, parsed: ParsedRequest) -> list[int]:
+    prompt = parsed.prompt
+    if prompt is None:
+        raise TokenizeFailed("prompt_embeds requests cannot be tokenized")
+    if isinstance(prompt, tuple):
+        return list(prompt)
+    return _ids(tokenizer(prompt, add_special_tokens=parsed.add_special_tokens))
+
+
+def _chat_tokens(tokenizer: ChatTokenizer, info: TemplateInfo, parsed: ParsedRequest) -> list[int]:
+    if parsed.chat_template is not None:
+        raise TokenizeFailed("request-supplied chat_template is not rendered by the router")
+    conversation = to_conversation(parsed.messages, info)
+    kwargs = template_kwargs(parsed, info)
+    tools = tool_dicts(parsed.tools)
+    if not parsed.add_special_tokens:
+        return _ids(
+            tokenizer.apply_chat_template(
+                conversation, tools=tools, tokenize=True, return_dict=False, **kwargs
+            )
+        )
+    text = tokenizer.apply_chat_template(conversation, tools=tools, tokenize=False, **kwargs)
+    return _ids(tokenizer(text, add_special_tokens=True))
+
+
+def _ids(result: Any) -> list[int]:
+    ids = result["input_ids"] if isinstance(result, Mapping) or hasattr(result, "keys") else result
+    if not isinstance(ids, list) or (ids and isinstance(ids[0], list)):
+        raise TokenizeFailed(f"tokenizer returned {type(ids).__name__}, not a flat list of ids")
+    return [int(t) for t in ids]
+
+
+def template_kwargs(parsed: ParsedRequest, info: TemplateInfo) -> dict[str, Any]:
+    """The kwargs vLLM passes to ``apply_chat_template`` for this request (step 2 of the module docstring)."""
+    user = dict(parsed.chat_template_kwargs)
+    if conflicts := _CONFLICTING_KWARGS & user.keys():
+        raise TokenizeFailed(f"chat_template_kwargs sets {sorted(conflicts)}")
+    explicit: dict[str, Any] = {
+        "add_generation_prompt": parsed.add_generation_prompt,
+        "continue_final_message": parsed.continue_final_message,
+        "documents": list(parsed.documents) if parsed.documents is not None else None,
+        "reasoning_effort": parsed.reasoning_effort,
+    }
+    if parsed.reasoning_effort is not None and "enable_thinking" not in user:
+        explicit["enable_thinking"] = parsed.reasoning_effort != "none"
+    # Priority: explicit request fields, then the request's chat_template_kwargs, then server defaults.
+    merged = _merge(info.default_kwargs, _merge(user, explicit))
+    if info.variables is None:
+        return merged
+    accepted = info.variables | _HF_TEMPLATE_PARAMS
+    return {k: v for k, v in merged.items() if k in accepted}
+
+
+def _merge(defaults: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """vLLM's ``merge_kwargs``: an override of None or "auto" leaves the default in place."""
+    return dict(defaults) | {k: v for k, v in overrides.items() if v is not None and v != "auto"}
+
+
+def tool_dicts(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Tools as vLLM's ``ChatCompletionToolsParam.model_dump()`` gives them to the template.
+
+    Declared fields come first with their defaults filled in (``type``; ``function.name``, ``description``,
+    ``parameters``), then any extra keys in the order sent.
+    """
+    if tools is None:
+        return None
+    out = []
+    for tool in tools:
+        function = tool.get("function")
+        fn = dict(function) if isinstance(function, Mapping) else {}
+        dumped_fn = {"name": fn.pop("name", None), "description": fn.pop("description", None)}
+        dumped_fn["parameters"] = fn.pop("parameters", None)
+        rest = {k: v for k, v in tool.items() if k not in ("type", "function")}
+        out.append({"type": tool.get("type", "function"), "function": dumped_fn | fn, **rest})
+    return out
+
+
+def to_conversation(messages: Sequence[Mapping[str, Any]], info: TemplateInfo) -> list[dict[str, Any]]:
+    """vLLM's parsed conversation for ``messages`` (step 1 of the module docstring)."""
+    return [_conversation_message(m, info) for m in messages]
+
+
+def _conversation_message(message: Mapping[str, Any], info: TemplateInfo) -> dict[str, Any]:
+    role = message["role"]
+    out: dict[str, Any] = {"role": role, "content": _content(message.get("content"), role, info)}
+    reasoning = message.get("reasoning")
+    if reasoning is None:
+        reasoning = message.get("reasoning_content")
+    if role == "assistant":
+        tool_calls = message.get("tool_calls")
+        if tool_calls:  # vLLM drops an empty list so templates take the plain assistant path
+            out["tool_calls"] = [_tool_call(c) for c in tool_calls]
+        if reasoning is not None:
+            out["reasoning"] = out["reasoning_content"] = reasoning
+    elif role == "tool" and "tool_call_id" in message:
+        out["tool_call_id"] = message["tool_call_id"]
+    for key in ("name", "task"):
+        if isinstance(message.get(key), str):
+            out[key] = message[key]
+    if role == "developer":
+        out["tools"] = message.get("tools")
+        if not info.has_developer_role:
+            out["role"] = "system"
+    return out
+
+
+def _content(content: object, role: str, info: TemplateInfo) -> str | list[dict[str, str]]:
+    if content is None:
+        parts: list[object] = []
+    elif isinstance(content, str):
+        parts = [content]
+    else:
+        parts = list(content) if isinstance(content, list) else [content]
+    texts = [t for t in (_part_text(p) for p in parts) if t is not None]
+    if info.content_format == "openai" and role != "tool":
+        return [{"type": "text", "text": t} for t in texts]
+    return "\n".join(texts)
+
+
+def _part_text(part: object) -> str | None:
+    if isinstance(part, str):
+        return part
+    if not isinstance(part, Mapping):
+        raise TokenizeFailed(f"content part of type {type(part).__name__}")
+    kind = part.get("type")
+    if kind not in _TEXT_PART_TYPES:
+        raise TokenizeFailed(f"content part {kind!r} (multimodal or unknown) cannot be reproduced")
+    text = part.get(_TEXT_PART_FIELD.get(kind, "text"))
+    if text is not None and not isinstance(text, str):
+        raise TokenizeFailed(f"{kind} part without a string")
+    return text
+
+
+def _tool_call(call: Mapping[str, Any]) -> dict[str, Any]:
+    """A tool call with ``arguments`` decoded as vLLM does (invalid JSON or non-objects become ``{}``)."""
+    function = dict(call.get("function") or {})
+    args = function.get("arguments")
+    if isinstance(args, str):
+        try:
+            function["arguments"] = json.loads(args)
+        except (ValueError, RecursionError):
+            function["arguments"] = {}
+    elif not isinstance(args, dict | list):
+        function["arguments"] = {}
+    return {**call, "function": function}

@@ -1,0 +1,194 @@
+"""Tokenizers per base model, loaded offline, and rendering + tokenization off the event loop.
+
+``TokenizerRegistry`` loads ``tokenizer_cache/<model>/`` with ``local_files_only=True`` (lazily, or all at
+once with ``preload``); ``PromptTokenizer`` runs ``render.render_and_tokenize_sync`` on an injected, bounded
+executor with a timeout. Every failure becomes ``TokenizeFailed``: the router then routes by load and the
+request still goes through. ``transformers``' Rust tokenizers release the GIL while encoding, so worker
+threads give real parallelism for the expensive part.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from extproc.kvcache.hashing import BlockHasher
+from extproc.prompt.models import BaseModel
+from extproc.prompt.openai import ParsedRequest, RequestKind
+from extproc.prompt.render import (
+    ChatTokenizer,
+    TemplateInfo,
+    TokenizeFailed,
+    render_and_tokenize_sync,
+    truncate,
+)
+from extproc.prompt.tokenizer_cache import model_dir
+from extproc.types import BlockHash, LoraAdapter
+
+__all__ = ["LoadedTokenizer", "PromptTokenizer", "TokenizeFailed", "TokenizerRegistry", "load_hf_tokenizer"]
+
+T = TypeVar("T")
+Loader = Callable[[Path], ChatTokenizer]
+
+
+def load_hf_tokenizer(folder: Path) -> ChatTokenizer:
+    """``AutoTokenizer.from_pretrained(folder, local_files_only=True)``: never touches the network."""
+    from transformers import AutoTokenizer  # heavy import, paid once, at first load
+
+    tokenizer: ChatTokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    return tokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedTokenizer:
+    """A base model's tokenizer and what we derived from its chat template."""
+
+    tokenizer: ChatTokenizer
+    info: TemplateInfo
+
+
+@dataclass(frozen=True, slots=True)
+class _Failure:
+    message: str
+    at_s: float  # monotonic
+
+
+class TokenizerRegistry:
+    """Base model name -> ``LoadedTokenizer``; thread-safe, each model loaded at most once at a time.
+
+    A failed load is remembered for ``retry_after_s`` so a missing folder does not cost a load per request.
+    """
+
+    def __init__(
+        self, cache_root: Path, *, loader: Loader = load_hf_tokenizer, retry_after_s: float = 30.0
+    ) -> None:
+        self._root = cache_root
+        self._loader = loader
+        self._retry_after_s = retry_after_s
+        self._loaded: dict[str, LoadedTokenizer | _Failure] = {}  # {model name: tokenizer or last failure}
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()  # protects _locks
+
+    def get(self, model: BaseModel) -> LoadedTokenizer:
+        """The tokenizer of ``model``, loading it on first use (blocking: call from a worker thread).
+
+        Raises ``TokenizeFailed`` when the load fails (or failed less than ``retry_after_s`` ago).
+        """
+        entry = self._loaded.get(model.name)
+        if isinstance(entry, LoadedTokenizer):
+            return entry
+        with self._lock_for(model.name):
+            entry = self._loaded.get(model.name)
+            if isinstance(entry, _Failure) and time.monotonic() - entry.at_s < self._retry_after_s:
+                raise TokenizeFailed(entry.message)
+            if not isinstance(entry, LoadedTokenizer):
+                entry = self._load(model)
+                self._loaded[model.name] = entry
+        if isinstance(entry, _Failure):
+            raise TokenizeFailed(entry.message)
+        return entry
+
+    def preload(self, models: list[BaseModel]) -> dict[str, str]:
+        """Load every model now (at startup, off the loop); returns {model name: error} for the failures."""
+        errors: dict[str, str] = {}
+        for model in models:
+            try:
+                self.get(model)
+            except TokenizeFailed as exc:
+                errors[model.name] = str(exc)
+        return errors
+
+    def _lock_for(self, name: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(name, threading.Lock())
+
+    def _load(self, model: BaseModel) -> LoadedTokenizer | _Failure:
+        folder = model.tokenizer_dir or model_dir(self._root, model.name)
+        try:
+            tokenizer = self._loader(folder)
+            info = TemplateInfo.of(
+                tokenizer.chat_template, model.content_format, model.default_chat_template_kwargs
+            )
+        except Exception as exc:  # OSError, ValueError, anything a tokenizer folder can throw at us
+            return _Failure(
+                f"cannot load the tokenizer of {model.name!r} from {folder}: {exc}", time.monotonic()
+            )
+        return LoadedTokenizer(tokenizer, info)
+
+
+class PromptTokenizer:
+    """Renders and tokenizes on a bounded executor; at most ``max_pending`` jobs queued or running."""
+
+    def __init__(
+        self,
+        registry: TokenizerRegistry,
+        executor: Executor,
+        *,
+        timeout_s: float = 1.0,
+        max_pending: int = 64,
+    ) -> None:
+        self._registry = registry
+        self._executor = executor
+        self._timeout_s = timeout_s
+        self._max_pending = max_pending
+        self._pending = 0  # touched on the event loop thread only
+
+    async def render_and_tokenize(self, parsed: ParsedRequest, base_model: BaseModel) -> list[int]:
+        """Token ids of ``parsed`` for ``base_model``, exactly as vLLM computes them.
+
+        Token-id completion prompts return at once. Raises ``TokenizeFailed`` on any failure, on timeout, and
+        when ``max_pending`` jobs are already in flight.
+        """
+        if parsed.kind is RequestKind.COMPLETION and isinstance(parsed.prompt, tuple):
+            return truncate(list(parsed.prompt), parsed.truncate_prompt_tokens, parsed.truncation_side)
+        return await self._run(lambda: self._tokenize(parsed, base_model))
+
+    async def tokens_and_hashes(
+        self, parsed: ParsedRequest, base_model: BaseModel, hasher: BlockHasher, lora: LoraAdapter | None
+    ) -> tuple[list[int], list[BlockHash]]:
+        """Tokens and their block hashes in one executor hop (hashing 32K tokens takes a few ms).
+
+        Same contract as ``render_and_tokenize``; ``cache_salt`` comes from ``parsed``.
+        """
+
+        def work() -> tuple[list[int], list[BlockHash]]:
+            tokens = self._tokenize(parsed, base_model)
+            return tokens, hasher.hash_blocks(tokens, lora=lora, cache_salt=parsed.cache_salt)
+
+        return await self._run(work)
+
+    def _tokenize(self, parsed: ParsedRequest, base_model: BaseModel) -> list[int]:
+        if parsed.kind is RequestKind.COMPLETION and isinstance(parsed.prompt, tuple):
+            return truncate(list(parsed.prompt), parsed.truncate_prompt_tokens, parsed.truncation_side)
+        loaded = self._registry.get(base_model)
+        return render_and_tokenize_sync(loaded.tokenizer, loaded.info, parsed)
+
+    async def _run(self, work: Callable[[], T]) -> T:
+        if self._pending >= self._max_pending:
+            raise TokenizeFailed(f"tokenizer busy: {self._pending} jobs in flight")
+        loop = asyncio.get_running_loop()
+        try:
+            future = loop.run_in_executor(self._executor, work)
+        except RuntimeError as exc:  # executor shut down
+            raise TokenizeFailed(f"tokenizer executor unavailable: {exc}") from exc
+        self._pending += 1
+        future.add_done_callback(self._done)
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), self._timeout_s)
+        except TimeoutError:
+            raise TokenizeFailed(f"tokenization took longer than {self._timeout_s}s") from None
+        except TokenizeFailed:
+            raise
+        except Exception as exc:
+            raise TokenizeFailed(f"{type(exc).__name__}: {exc}") from exc
+
+    def _done(self, future: asyncio.Future[Any]) -> None:
+        self._pending -= 1
+        if not future.cancelled():
+            future.exception()  # mark retrieved: a timed-out job's late failure is not "never retrieved"

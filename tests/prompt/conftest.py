@@ -1,0 +1,60 @@
+"""Shared fixtures: the real Qwen3 tokenizer (``tokenizer_cache/``) and the golden files (``../shared``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from extproc.prompt.models import Adapter, BaseModel, ModelRegistry
+from extproc.prompt.tokenizers import LoadedTokenizer, PromptTokenizer, TokenizerRegistry
+from extproc.types import HashScheme, LoraAdapter
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = REPO.parent / "shared" / "vllm"
+MODEL = "Qwen/Qwen3-0.6B"
+
+
+def golden(name: str) -> Any:
+    """A golden file; missing means failing, never skipping."""
+    path = GOLDEN / name
+    if not path.is_file():
+        pytest.fail(f"golden file {path} is missing (CI keeps shared/ beside the checkout)")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="session")
+def qwen() -> BaseModel:
+    return BaseModel(MODEL, scheme=HashScheme(block_size=16))
+
+
+@pytest.fixture(scope="session")
+def models(qwen: BaseModel) -> ModelRegistry:
+    return ModelRegistry([qwen], [Adapter(LoraAdapter("adapter-x", "/models/adapter-x"), MODEL)])
+
+
+@pytest.fixture(scope="session")
+def registry() -> TokenizerRegistry:
+    return TokenizerRegistry(REPO / "tokenizer_cache")
+
+
+@pytest.fixture(scope="session")
+def loaded(registry: TokenizerRegistry, qwen: BaseModel) -> LoadedTokenizer:
+    return registry.get(qwen)
+
+
+@pytest.fixture(scope="session")
+def executor() -> Iterator[ThreadPoolExecutor]:
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="tok") as pool:
+        yield pool
+
+
+@pytest.fixture
+async def prompt_tokenizer(
+    registry: TokenizerRegistry, executor: ThreadPoolExecutor
+) -> AsyncIterator[PromptTokenizer]:
+    yield PromptTokenizer(registry, executor, timeout_s=30.0)
