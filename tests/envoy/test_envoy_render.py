@@ -211,6 +211,12 @@ def test_invalid_options_are_rejected(overrides: dict[str, Any]) -> None:
 # -- the command line --------------------------------------------------------------------------------------
 
 
+@pytest.mark.envoy
+def test_committed_drop_in_passes_envoy_validate() -> None:
+    result = validate(REPO / "envoy" / "envoy.yaml")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_committed_drop_in_matches_a_fresh_render(tmp_path: Path) -> None:
     out = tmp_path / "envoy.yaml"
     assert main([*DEMO_ARGS, "-o", str(out)]) == 0
