@@ -1,6 +1,7 @@
 """Wire names Envoy and the picker agree on (GIE endpoint-picker protocol), as the Envoy config uses them.
 
-The picker's own adapter (``extproc/protocol``) speaks the same names; keep the two in step.
+The picker's adapter owns these names (``extproc/protocol/constants.py``, ``extproc/router.py``); they are
+repeated here so that rendering Envoy config never imports the gRPC stack. A test pins them equal.
 """
 
 from __future__ import annotations

@@ -179,6 +179,19 @@ def test_subset_hint_metadata() -> None:
     ]
 
 
+def test_wire_names_match_the_picker() -> None:
+    from extproc import router
+    from extproc.protocol import constants as c
+
+    assert (keys.DEST_HEADER, keys.LB_NAMESPACE, keys.SERVED_KEY) == (
+        c.DESTINATION_HEADER,
+        c.LB_NAMESPACE,
+        c.SERVED_METADATA_KEY,
+    )
+    assert (keys.SUBSET_NAMESPACE, keys.SUBSET_KEY) == (c.SUBSET_HINT_NAMESPACE, c.SUBSET_HINT_KEY)
+    assert (keys.REASON_HEADER, keys.CACHED_TOKENS_HEADER) == (router.HEADER_REASON, router.HEADER_CACHED)
+
+
 def test_yaml_round_trips() -> None:
     config = render_bootstrap(_opts())
     assert yaml.safe_load(to_yaml(config)) == config
