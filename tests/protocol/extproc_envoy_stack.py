@@ -71,8 +71,13 @@ def _cluster(name: str, ports: list[int], extra: dict[str, Any]) -> dict[str, An
     }
 
 
-def envoy_config(listen: int, extproc: int, models: list[int], body_mode: str) -> dict[str, Any]:
-    """Our Envoy wiring: ext_proc with ``body_mode``, override_host over the model servers."""
+def envoy_config(
+    listen: int, extproc: int, models: list[int], body_mode: str, *, response_headers: bool = False
+) -> dict[str, Any]:
+    """Our Envoy wiring: ext_proc with ``body_mode``, override_host over the model servers.
+
+    ``response_headers``: also send response headers to ext_proc, with the served endpoint in ``envoy.lb``.
+    """
     t = "type.googleapis.com/envoy.extensions."
     ext_proc = {
         "@type": t + "filters.http.ext_proc.v3.ExternalProcessor",
@@ -81,16 +86,20 @@ def envoy_config(listen: int, extproc: int, models: list[int], body_mode: str) -
         "message_timeout": "5s",
         "processing_mode": {
             "request_header_mode": "SEND",
-            "response_header_mode": "SKIP",
+            "response_header_mode": "SEND" if response_headers else "SKIP",
             "request_body_mode": body_mode,
             "request_trailer_mode": "SEND" if body_mode == "FULL_DUPLEX_STREAMED" else "SKIP",
             "response_trailer_mode": "SKIP",
         },
-        "metadata_options": {"receiving_namespaces": {"untyped": ["envoy.lb"]}},
+        "metadata_options": {
+            "receiving_namespaces": {"untyped": ["envoy.lb"]},
+            "forwarding_namespaces": {"untyped": ["envoy.lb"]},
+        },
     }
     override_host = {
         "@type": t + "load_balancing_policies.override_host.v3.OverrideHost",
         "override_host_sources": [{"header": "x-gateway-destination-endpoint"}],
+        "selected_host_key": {"key": "envoy.lb", "path": [{"key": "x-gateway-destination-endpoint-served"}]},
         "fallback_policy": {
             "policies": [
                 {

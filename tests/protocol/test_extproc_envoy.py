@@ -12,7 +12,7 @@ import pytest
 from extproc_envoy_stack import envoy, envoy_config, free_port, upstreams
 
 from extproc.errors import UnknownModel
-from extproc.protocol import start_server
+from extproc.protocol import ProcessorOptions, start_server
 from extproc.types import EndpointId, HttpRequest, PassThrough, Route
 
 pytestmark = [pytest.mark.envoy, pytest.mark.slow]
@@ -32,6 +32,17 @@ class ByModel:
             raise UnknownModel(f"The model '{model}' does not exist.", param="model")
         i = int(model[1])
         return Route((self.ends[i], self.ends[1 - i]), {"x-router-reason": "cache"})
+
+
+class ServedByModel(ByModel):
+    """Also records which endpoint Envoy says served each request (the GIE "served" feedback)."""
+
+    def __init__(self, ports: list[int]) -> None:
+        super().__init__(ports)
+        self.served: list[tuple[str, EndpointId]] = []
+
+    def on_served(self, request_id: str, endpoint: EndpointId) -> None:
+        self.served.append((request_id, endpoint))
 
 
 @pytest.fixture(params=["BUFFERED", "FULL_DUPLEX_STREAMED"], ids=["buffered", "duplex"])
@@ -77,3 +88,23 @@ async def test_refusal_reaches_client_as_openai_error(gateway: tuple[str, list[i
         async with http.get(f"{url}/v1/models") as resp:  # next request unaffected; GET passes through
             assert resp.status == 200
             assert (await resp.json())["dest"] is None
+
+
+@pytest.mark.parametrize("mode", ["BUFFERED", "FULL_DUPLEX_STREAMED"], ids=["buffered", "duplex"])
+async def test_served_endpoint_feedback_with_stream_kept_open(mode: str, tmp_path: Path) -> None:
+    async with upstreams(2) as ports:
+        handler = ServedByModel(ports)
+        options = ProcessorOptions(close_after_pick=False)
+        server = await start_server(handler, host="127.0.0.1", port=0, options=options)
+        listen = free_port()
+        config = envoy_config(listen, server.port, ports, mode, response_headers=True)
+        try:
+            async with envoy(config, tmp_path, listen) as url, aiohttp.ClientSession() as http:
+                body = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
+                headers = {"x-request-id": "req-served"}
+                async with http.post(f"{url}/v1/chat/completions", json=body, headers=headers) as resp:
+                    assert resp.status == 200
+                    assert (await resp.json())["port"] == ports[1]
+        finally:
+            await server.stop(grace_s=None)
+    assert handler.served == [("req-served", EndpointId(f"127.0.0.1:{ports[1]}"))]
