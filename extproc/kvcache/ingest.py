@@ -1,0 +1,219 @@
+"""Apply one endpoint's decoded KV events to a ``PrefixIndex``, with the self-check that earns them trust.
+
+Called by the subscriber, per endpoint, strictly in sequence order (one coroutine per endpoint, so calls for
+one endpoint never overlap). Writes only through the ``PrefixIndex`` interface, so it works on every backend.
+
+What is indexed: GPU-tier (``medium`` None or ``"GPU"``), full-attention (``kind`` None or
+``"full_attention"``) blocks. Offload tiers (CPU/STORAGE) and other KV groups (sliding window, Mamba) are
+counted and ignored for now; weighting tiers (llm-d scores CPU hits at 0.8) is left to do. A ``BlockRemoved``
+naming a group other than the endpoint's full-attention group (learnt from its stores) is ignored too, since
+vLLM reports the same hash once per group.
+
+Self-check (SPEC §2.7): a ``BlockStored`` whose ``parent`` is None, whose ``extra_keys`` are all None (or
+absent) and that has no lookahead hashing can be recomputed from its own ``token_ids`` with the endpoint's
+``HashScheme``. The first ``_SELFCHECK_BLOCKS`` blocks are compared (enough to catch seed, algorithm, block
+size or version drift; bounded CPU on the event loop). A mismatch counts, logs one line and makes the
+endpoint **untrusted**: its stores are skipped (our request keys would never match them) until a later
+self-check passes. Endpoints start trusted: the first uncached request after a (re)start self-checks at once.
+
+Cold: an endpoint is cold after a ``purge`` (start, reconnect, restart, unrecoverable gap) or an
+``AllBlocksCleared``, until a store lands again: the router should not read "no prefix anywhere" as a fact.
+
+Index failures (``IndexUnavailable``) lose writes, so the endpoint is marked for a purge that is retried
+before its next batch is applied; until it succeeds the endpoint stays cold.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from extproc.kvcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KvEvent
+from extproc.kvcache.hashing import BlockHasher
+from extproc.kvcache.index import IndexUnavailable, PrefixIndex
+from extproc.types import BlockHash, EndpointId, HashScheme
+
+log = logging.getLogger(__name__)
+
+_SELFCHECK_BLOCKS = 4  # leading blocks recomputed per self-check
+_GPU = "GPU"
+_FULL_ATTENTION = "full_attention"
+
+
+@dataclass
+class IngestCounters:
+    """Totals over every endpoint since start (plain ints; exported to Prometheus by the owner)."""
+
+    batches: int = 0
+    events: int = 0
+    unknown_events: int = 0
+    ignored_events: int = 0  # other tiers / KV groups
+    untrusted_skips: int = 0  # stores skipped while their endpoint was untrusted
+    blocks_stored: int = 0
+    blocks_removed: int = 0
+    clears: int = 0  # AllBlocksCleared applied
+    purges: int = 0  # clears we decided on (start, reconnect, restart, gap, index failure)
+    selfchecks: int = 0
+    selfcheck_mismatches: int = 0
+    index_errors: int = 0
+
+
+@dataclass
+class EndpointState:
+    """What ingest knows about one endpoint; read by the subscriber's ``status``."""
+
+    trusted: bool = True
+    cold: bool = True
+    needs_purge: bool = False
+    full_attention_group: int | None = None
+    selfchecks_passed: int = 0
+
+
+_Op = tuple[str, list[BlockHash]]  # ("store" | "remove" | "clear", hashes)
+
+
+class Ingest:
+    """Applies event batches to ``index``; ``scheme_for(endpoint)``: its HashScheme (None: no self-check)."""
+
+    def __init__(self, index: PrefixIndex, scheme_for: Callable[[EndpointId], HashScheme | None]) -> None:
+        self.index = index
+        self.scheme_for = scheme_for
+        self.counters = IngestCounters()
+        self._states: dict[EndpointId, EndpointState] = {}
+        self._hashers: dict[HashScheme, BlockHasher | None] = {}  # None: scheme not reproducible here
+
+    def state(self, endpoint: EndpointId) -> EndpointState:
+        """This endpoint's state (created cold and trusted on first use)."""
+        st = self._states.get(endpoint)
+        if st is None:
+            st = self._states[endpoint] = EndpointState()
+        return st
+
+    def forget(self, endpoint: EndpointId) -> None:
+        """Drop the state of an endpoint that left the pool (its index entries are the caller's to clear)."""
+        self._states.pop(endpoint, None)
+
+    async def purge(self, endpoint: EndpointId, reason: str) -> bool:
+        """Clear ``endpoint`` in the index and mark it cold; False (retried later) if the index is down."""
+        st = self.state(endpoint)
+        st.cold = True
+        self.counters.purges += 1
+        try:
+            await self.index.clear(endpoint)
+        except IndexUnavailable as exc:
+            self.counters.index_errors += 1
+            st.needs_purge = True
+            log.warning("kv ingest: purge of %s (%s) failed, will retry: %s", endpoint, reason, exc)
+            return False
+        st.needs_purge = False
+        log.info("kv ingest: purged %s (%s)", endpoint, reason)
+        return True
+
+    async def apply(self, endpoint: EndpointId, batch: EventBatch) -> None:
+        """Apply one batch in order. Never raises for index failures (they schedule a purge instead)."""
+        st = self.state(endpoint)
+        self.counters.batches += 1
+        self.counters.events += len(batch.events)
+        self.counters.unknown_events += batch.unknown_events
+        if st.needs_purge and not await self.purge(endpoint, "retry after index failure"):
+            return
+        ops = self._plan(endpoint, st, batch.events)
+        try:
+            for kind, hashes in ops:
+                await self._run(endpoint, st, kind, hashes)
+        except IndexUnavailable as exc:
+            self.counters.index_errors += 1
+            st.needs_purge, st.cold = True, True
+            log.warning("kv ingest: index unavailable while applying %s's events: %s", endpoint, exc)
+
+    # -- internals -----------------------------------------------------------------------------------------
+
+    def _plan(self, endpoint: EndpointId, st: EndpointState, events: tuple[KvEvent, ...]) -> list[_Op]:
+        """Filter and self-check the events, coalescing runs of stores / removes into one index call each."""
+        ops: list[_Op] = []
+        for ev in events:
+            if isinstance(ev, AllBlocksCleared):
+                ops.append(("clear", []))
+                continue
+            op = self._stored(endpoint, st, ev) if isinstance(ev, BlockStored) else self._removed(st, ev)
+            if op is None:
+                continue
+            if ops and ops[-1][0] == op[0]:
+                ops[-1][1].extend(op[1])
+            else:
+                ops.append(op)
+        return ops
+
+    def _stored(self, endpoint: EndpointId, st: EndpointState, ev: BlockStored) -> _Op | None:
+        if ev.medium not in (None, _GPU) or ev.kind not in (None, _FULL_ATTENTION):
+            self.counters.ignored_events += 1
+            return None
+        if ev.kind == _FULL_ATTENTION and ev.group_idx is not None:
+            st.full_attention_group = ev.group_idx
+        self._maybe_selfcheck(endpoint, st, ev)
+        if not st.trusted:
+            self.counters.untrusted_skips += 1
+            return None
+        return ("store", [BlockHash(h) for h in ev.block_hashes])
+
+    def _removed(self, st: EndpointState, ev: BlockRemoved) -> _Op | None:
+        other_group = (
+            ev.group_idx is not None
+            and st.full_attention_group is not None
+            and ev.group_idx != st.full_attention_group
+        )
+        if ev.medium not in (None, _GPU) or other_group:
+            self.counters.ignored_events += 1
+            return None
+        return ("remove", [BlockHash(h) for h in ev.block_hashes])
+
+    def _maybe_selfcheck(self, endpoint: EndpointId, st: EndpointState, ev: BlockStored) -> None:
+        if ev.parent is not None or ev.lookahead or not ev.block_hashes:
+            return
+        if ev.extra_keys is not None and any(k is not None for k in ev.extra_keys):
+            return
+        scheme = self.scheme_for(endpoint)
+        hasher = None if scheme is None else self._hasher(scheme)
+        if scheme is None or hasher is None or len(ev.token_ids) != len(ev.block_hashes) * ev.block_size:
+            return  # no usable scheme, or token_ids do not span the blocks 1:1 (masked/hybrid groups)
+        n = min(len(ev.block_hashes), _SELFCHECK_BLOCKS)
+        ours = hasher.hash_blocks(ev.token_ids[: n * ev.block_size], max_blocks=n)
+        theirs = [BlockHash(h) for h in ev.block_hashes[:n]]  # the claim under test
+        self.counters.selfchecks += 1
+        if ev.block_size == scheme.block_size and ours == theirs:
+            if not st.trusted:
+                log.info("kv ingest: %s self-check passes again; trusting its events", endpoint)
+            st.trusted = True
+            st.selfchecks_passed += 1
+            return
+        self.counters.selfcheck_mismatches += 1
+        if st.trusted:
+            log.warning(
+                "kv ingest: %s self-check MISMATCH (event block_size=%d, ours %s; engine %s vs ours %s): "
+                "seed/algo/block size/version drift? using approximate routing for it",
+                endpoint, ev.block_size, scheme, theirs[:1], ours[:1],
+            )  # fmt: skip
+        st.trusted = False
+
+    def _hasher(self, scheme: HashScheme) -> BlockHasher | None:
+        if scheme not in self._hashers:
+            try:
+                self._hashers[scheme] = BlockHasher(scheme)
+            except ValueError as exc:  # e.g. xxhash: we cannot reproduce it, so we cannot check it
+                log.warning("kv ingest: no self-check for %s: %s", scheme, exc)
+                self._hashers[scheme] = None
+        return self._hashers[scheme]
+
+    async def _run(self, endpoint: EndpointId, st: EndpointState, kind: str, hashes: list[BlockHash]) -> None:
+        if kind == "clear":
+            await self.index.clear(endpoint)
+            self.counters.clears += 1
+            st.cold = True
+        elif kind == "store":
+            await self.index.store(endpoint, hashes)
+            self.counters.blocks_stored += len(hashes)
+            st.cold = False
+        else:
+            await self.index.remove(endpoint, hashes)
+            self.counters.blocks_removed += len(hashes)
