@@ -86,9 +86,17 @@ def ext_processor(opts: EnvoyOptions) -> ExternalProcessor:
         metadata_options=MetadataOptions(
             # Without receiving_namespaces Envoy silently drops the picker's envoy.lb metadata.
             receiving_namespaces=Namespaces(untyped=[keys.LB_NAMESPACE]),
-            forwarding_namespaces=Namespaces(untyped=[keys.SUBSET_NAMESPACE]),
+            forwarding_namespaces=Namespaces(untyped=_forwarded(opts)),
         ),
     )
+
+
+def _forwarded(opts: EnvoyOptions) -> list[str]:
+    """Metadata namespaces sent to the picker: the subset hint, plus ``envoy.lb`` when the picker is to
+    see the served endpoint on the response path (override_host writes it there)."""
+    if opts.send_response_headers:
+        return [keys.SUBSET_NAMESPACE, keys.LB_NAMESPACE]
+    return [keys.SUBSET_NAMESPACE]
 
 
 def processing_mode(opts: EnvoyOptions) -> ProcessingMode:

@@ -96,6 +96,15 @@ def test_ext_proc_defaults() -> None:
     assert ext["grpc_service"]["envoy_grpc"]["cluster_name"] == keys.PICKER_CLUSTER
 
 
+def test_served_endpoint_needs_response_headers_and_lb_forwarding() -> None:
+    ext = _filter(render_bootstrap(_opts(send_response_headers=True)), "envoy.filters.http.ext_proc")
+    assert ext["processing_mode"]["response_header_mode"] == "SEND"
+    assert ext["metadata_options"]["forwarding_namespaces"]["untyped"] == [
+        keys.SUBSET_NAMESPACE,
+        keys.LB_NAMESPACE,
+    ]
+
+
 def test_duplex_sends_trailers_and_fail_closed_is_rendered() -> None:
     ext = _filter(render_bootstrap(_opts(body_mode="full_duplex_streamed")), "envoy.filters.http.ext_proc")
     assert ext["processing_mode"]["request_body_mode"] == "FULL_DUPLEX_STREAMED"
