@@ -113,8 +113,10 @@ class Exchange:
             return [outbound.trailers_reply()]
         if self._mode == Mode.FULL_DUPLEX_STREAMED:
             return await self._finish_duplex(trailers=True)
-        decision = await self._decide()  # BUFFERED body that never said end_of_stream: decide now
-        return self._finish(decision, [outbound.trailers_reply()])
+        # BUFFERED request ended by trailers before any body reply: the headers already went, so only the
+        # envoy.lb metadata can still carry the pick
+        decision = await self._decide()
+        return self._finish(decision, [outbound.trailers_reply(decision.metadata)])
 
     async def _finish_duplex(self, *, trailers: bool) -> Replies:
         decision = await self._decide()

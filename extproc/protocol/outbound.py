@@ -93,6 +93,6 @@ def streamed_chunks(body: bytes, *, end_of_stream: bool) -> Iterator[pb.Processi
         yield pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
 
 
-def trailers_reply() -> pb.ProcessingResponse:
-    """An empty answer to ``request_trailers`` (trailers pass unchanged)."""
-    return pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
+def trailers_reply(metadata: struct_pb2.Struct | None = None) -> pb.ProcessingResponse:
+    """An answer to ``request_trailers`` leaving them unchanged (``metadata``: a decision made this late)."""
+    return pb.ProcessingResponse(request_trailers=pb.TrailersResponse(), dynamic_metadata=metadata)

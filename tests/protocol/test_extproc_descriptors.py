@@ -43,16 +43,52 @@ def test_ours_declares_what_we_need(ours: dict[str, Any]) -> None:
     assert len(_pairs(ours, "messages")) > 60
 
 
+def mismatches(ours: dict[str, Any], published: dict[str, Any], section: str) -> list[str]:
+    """Each declaration of ours that the published summary lacks or describes differently."""
+    found = []
+    for name, item in _pairs(ours, section):
+        theirs = published[section].get(name, {}).get(item)
+        if theirs != ours[section][name][item]:
+            found.append(f"{name}.{item}: ours={ours[section][name][item]} published={theirs}")
+    return found
+
+
 @pytest.mark.parametrize("section", ["messages", "enums", "services"])
 def test_every_declaration_matches_published(
     section: str, ours: dict[str, Any], published: dict[str, Any]
 ) -> None:
-    mismatches = []
-    for name, item in _pairs(ours, section):
-        theirs = published[section].get(name, {}).get(item)
-        if theirs != ours[section][name][item]:
-            mismatches.append(f"{name}.{item}: ours={ours[section][name][item]} published={theirs}")
-    assert not mismatches, "\n".join(mismatches)
+    assert not mismatches(ours, published, section), "\n".join(mismatches(ours, published, section))
+
+
+@pytest.mark.parametrize(
+    ("section", "name", "item", "index", "value"),
+    [
+        ("messages", "envoy.service.ext_proc.v3.ProcessingRequest", "request_body", 0, 5),
+        ("messages", "envoy.config.core.v3.HeaderValue", "raw_value", 1, 9),
+        ("messages", "envoy.service.ext_proc.v3.HeaderMutation", "set_headers", 2, False),
+        ("messages", "envoy.service.ext_proc.v3.BodyMutation", "streamed_response", 4, ""),
+        ("services", "envoy.service.ext_proc.v3.ExternalProcessor", "Process", 3, False),
+    ],
+    ids=["number", "type", "cardinality", "oneof", "streaming"],
+)
+def test_comparison_catches_a_wrong_declaration(
+    ours: dict[str, Any],
+    published: dict[str, Any],
+    section: str,
+    name: str,
+    item: str,
+    index: int,
+    value: object,
+) -> None:
+    tampered = json.loads(json.dumps(ours))
+    tampered[section][name][item][index] = value
+    assert mismatches(tampered, published, section) != []
+
+
+def test_comparison_catches_a_wrong_enum_value(ours: dict[str, Any], published: dict[str, Any]) -> None:
+    tampered = json.loads(json.dumps(ours))
+    tampered["enums"]["envoy.extensions.filters.http.ext_proc.v3.ProcessingMode.BodySendMode"]["BUFFERED"] = 3
+    assert mismatches(tampered, published, "enums") != []
 
 
 def test_every_message_exists_published(ours: dict[str, Any], published: dict[str, Any]) -> None:

@@ -1,0 +1,85 @@
+"""Hermetic: odd message sequences and many concurrent streams never crash or hang the server."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import grpc
+import pytest
+from extproc_fakes import A, B, FixedHandler
+from extproc_wire import (
+    Mode,
+    body_msg,
+    chat_body,
+    chunks,
+    headers_msg,
+    pb,
+    run_exchange,
+    serving,
+    trailers_msg,
+)
+
+from extproc.protocol.pb import external_processor_pb2_grpc
+
+PICK = f"{A},{B}"
+
+
+def lb_value(reply: pb.ProcessingResponse) -> str:
+    return (
+        reply.dynamic_metadata.fields["envoy.lb"]
+        .struct_value.fields["x-gateway-destination-endpoint"]
+        .string_value
+    )
+
+
+async def test_buffered_request_ended_by_trailers_carries_pick_in_metadata() -> None:
+    async with serving(FixedHandler()) as (_, channel):
+        stub = external_processor_pb2_grpc.ExternalProcessorStub(channel)
+        result = await run_exchange(stub, [headers_msg(mode=Mode.BUFFERED), trailers_msg()], gap_s=0.01)
+    assert result.kinds() == ["request_headers", "request_trailers"]
+    assert lb_value(result.replies[1]) == PICK
+
+
+SEQUENCES = {
+    "empty-message-first": [pb.ProcessingRequest(), headers_msg(eos=True)],
+    "body-before-headers": [body_msg(chat_body(), eos=True)],
+    "response-headers-only": [pb.ProcessingRequest(response_headers=pb.HttpHeaders())],
+}
+
+
+@pytest.mark.parametrize("name", list(SEQUENCES))
+async def test_odd_sequences_end_cleanly(name: str) -> None:
+    handler = FixedHandler()
+    async with serving(handler) as (_, channel):
+        stub = external_processor_pb2_grpc.ExternalProcessorStub(channel)
+        result = await run_exchange(stub, SEQUENCES[name], timeout_s=5)
+        after = await run_exchange(stub, [headers_msg(eos=True)])
+    assert result.code == grpc.StatusCode.OK
+    assert after.kinds() == ["request_headers"] and lb_value(after.replies[0]) == PICK
+
+
+async def test_many_concurrent_streams_in_mixed_modes() -> None:
+    rng = random.Random(7)
+    modes = [Mode.NONE, Mode.BUFFERED, Mode.FULL_DUPLEX_STREAMED]
+    plans = []
+    for i in range(60):
+        mode = modes[i % 3]
+        body = chat_body(text="x" * rng.randrange(0, 150_000))
+        size = rng.randrange(1_000, 80_000) if mode == Mode.FULL_DUPLEX_STREAMED else len(body)
+        plans.append((mode, body, [headers_msg(mode=mode), *chunks(body, size)]))
+    handler = FixedHandler()
+    async with serving(handler) as (_, channel):
+        stub = external_processor_pb2_grpc.ExternalProcessorStub(channel)
+        runs = (run_exchange(stub, messages) for _, _, messages in plans)
+        results = await asyncio.wait_for(asyncio.gather(*runs), timeout=60)
+    assert len(handler.seen) == len(plans)
+    for (mode, body, _), result in zip(plans, results, strict=True):
+        assert result.code == grpc.StatusCode.OK
+        decision_at = 1 if mode == Mode.BUFFERED else 0
+        assert lb_value(result.replies[decision_at]) == PICK
+        if mode == Mode.FULL_DUPLEX_STREAMED:
+            echoed = b"".join(
+                r.request_body.response.body_mutation.streamed_response.body for r in result.replies[1:]
+            )
+            assert echoed == body
