@@ -36,7 +36,8 @@ from extproc.envoy.typed import address, extension, is_ip, pack, seconds
 
 CONNECT_TIMEOUT_S = 1.0
 # Envoy's default circuit breakers allow 1024 concurrent requests per cluster; long LLM streams reach that
-# early, and every such request also holds one ext_proc stream (BUFFERED keeps it for the whole response).
+# early, and unless the picker ends its stream after the pick, each also holds an ext_proc stream (BUFFERED
+# keeps it open for the whole response).
 CIRCUIT_LIMIT = 10_000
 MAX_RETRIES_IN_FLIGHT = 100
 _HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
