@@ -176,7 +176,9 @@ def template_kwargs(parsed: ParsedRequest, info: TemplateInfo) -> dict[str, Any]
     if parsed.reasoning_effort is not None and "enable_thinking" not in user:
         explicit["enable_thinking"] = parsed.reasoning_effort != "none"
     # Priority: explicit request fields, then the request's chat_template_kwargs, then server defaults.
-    merged = _merge(info.default_kwargs, _merge(user, explicit))
+    merged = _merge(user, explicit)
+    if info.default_kwargs:  # vLLM merges server defaults only when there are some (dropping None overrides)
+        merged = _merge(info.default_kwargs, merged)
     if info.variables is None:
         return merged
     accepted = info.variables | _HF_TEMPLATE_PARAMS

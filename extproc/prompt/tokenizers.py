@@ -139,6 +139,10 @@ class PromptTokenizer:
         self._max_pending = max_pending
         self._pending = 0  # touched on the event loop thread only
 
+    def preload(self, models: list[BaseModel]) -> dict[str, str]:
+        """Blocking: load these models' tokenizers now (see ``TokenizerRegistry.preload``)."""
+        return self._registry.preload(models)
+
     async def render_and_tokenize(self, parsed: ParsedRequest, base_model: BaseModel) -> list[int]:
         """Token ids of ``parsed`` for ``base_model``, exactly as vLLM computes them.
 

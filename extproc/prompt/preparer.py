@@ -1,0 +1,118 @@
+"""The router's ``Preparer``: one HTTP request -> model, adapter, cache salt and token ids.
+
+Parse errors and unknown models are ``RouterError`` s (the client gets them); a tokenizer failure is not an
+error: ``token_ids`` is None and the request is routed by load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from pathlib import Path
+
+from extproc.config import RouterConfig
+from extproc.errors import BadRequest
+from extproc.prompt.models import Adapter, BaseModel, ModelRegistry
+from extproc.prompt.openai import ParsedRequest, kind_for_path, parse_request
+from extproc.prompt.tokenizers import PromptTokenizer, TokenizeFailed, TokenizerRegistry
+from extproc.router import PreparedPrompt
+from extproc.types import HashScheme, HttpRequest, LoraAdapter
+
+log = logging.getLogger(__name__)
+
+INLINE_PARSE_BYTES = 256 * 1024
+"""Bodies larger than this are parsed on the executor (``json.loads`` runs ~2-4 ms per MiB)."""
+
+
+class RequestPreparer:
+    """Implements ``extproc.router.Preparer``; stateless apart from its injected collaborators."""
+
+    def __init__(
+        self,
+        models: ModelRegistry,
+        tokenizer: PromptTokenizer,
+        executor: Executor,
+        *,
+        max_body_bytes: int | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._models = models
+        self._tokenizer = tokenizer
+        self._executor = executor
+        self._max_body_bytes = max_body_bytes
+        self._clock = clock
+
+    async def warm_up(self) -> dict[str, str]:
+        """Load every base model's tokenizer now, on the executor (call once from ``App.start``).
+
+        Without it the first requests pay the load (~1 s) and, past the tokenize timeout, route by load.
+        Returns {model name: error} for tokenizers that failed to load; never raises for them.
+        """
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._executor, self._tokenizer.preload, list(self._models.models.values())
+        )
+
+    async def prepare(self, request: HttpRequest) -> PreparedPrompt:
+        """Parse, resolve the model, render and tokenize ``request`` (a POST to an OpenAI path).
+
+        Raises ``BadRequest`` / ``UnsupportedMediaType`` / ``BodyTooLarge`` / ``UnknownModel``; never raises
+        for a tokenizer failure (``token_ids`` is None then).
+        """
+        start = self._clock()
+        parsed = await self._parse(request)
+        parse_s = self._clock() - start
+        base, lora = self._models.resolve(parsed.model)
+        try:
+            tokens: list[int] | None = await self._tokenizer.render_and_tokenize(parsed, base)
+        except TokenizeFailed as exc:
+            log.info("request %s: tokenization failed, routing by load: %s", request.request_id, exc)
+            tokens = None
+        return PreparedPrompt(
+            model=parsed.model, base_model=base.name, lora=lora, cache_salt=parsed.cache_salt,
+            token_ids=tokens, parse_s=parse_s,
+        )  # fmt: skip
+
+    async def _parse(self, request: HttpRequest) -> ParsedRequest:
+        kind = kind_for_path(request.path)
+        if kind is None:
+            raise BadRequest(f"path {request.path!r} is not an OpenAI completions endpoint")
+        content_type = request.headers.get("content-type")
+        if len(request.body) <= INLINE_PARSE_BYTES:
+            return parse_request(request.body, content_type, kind, max_bytes=self._max_body_bytes)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._executor,
+            lambda: parse_request(request.body, content_type, kind, max_bytes=self._max_body_bytes),
+        )
+
+
+def registry_from_config(config: RouterConfig, base_dir: Path) -> ModelRegistry:
+    """The model registry the config describes; relative tokenizer folders are resolved against ``base_dir``.
+
+    A model without ``block_size``/``hash_algo`` gets the vLLM defaults here (16, sha256); the router's own
+    scheme resolver decides what is actually hashed.
+    """
+    models, adapters = [], []
+    for m in config.models:
+        folder = base_dir / m.tokenizer_dir if m.tokenizer_dir else None
+        scheme = HashScheme(block_size=m.block_size or 16, algo=m.hash_algo or "sha256", seed=m.hash_seed)
+        models.append(BaseModel(m.name, scheme=scheme, tokenizer_dir=folder))
+        adapters += [Adapter(LoraAdapter(lo.name, lo.path), m.name) for lo in m.loras]
+    return ModelRegistry(models, adapters)
+
+
+def build_preparer(config: RouterConfig, base_dir: Path, executor: Executor) -> RequestPreparer:
+    """The composition root's entry point: registry, tokenizers (loaded lazily) and preparer from config."""
+    tokenizers = TokenizerRegistry(base_dir / config.tokenizer_cache_dir)
+    prompt_tokenizer = PromptTokenizer(
+        tokenizers, executor, timeout_s=config.limits.tokenize_timeout_s,
+        max_pending=max(8, 16 * config.limits.tokenizer_workers),
+    )  # fmt: skip
+    return RequestPreparer(
+        registry_from_config(config, base_dir), prompt_tokenizer, executor,
+        max_body_bytes=config.limits.max_body_bytes,
+    )  # fmt: skip
