@@ -1,12 +1,15 @@
 """vLLM's KV-cache event wire format (msgpack), and nothing else.
 
 The only module that knows vLLM's event encoding. The block pool produces neutral records
-(:class:`StoredRun`, :class:`Removed`, :class:`Cleared`); :class:`EventEncoder` turns a step's records into one
+(:class:`StoredRun`, :class:`Removed`, :class:`Cleared`); :class:`EventEncoder` turns a step's records into
+one
 ``KVEventBatch`` payload, byte-compatible with vLLM:
 
-* vLLM ≥ 0.24 (default here, classes as in 0.33.0 ``vllm/distributed/kv_events.py``): each event is a msgpack map
+* vLLM ≥ 0.24 (default here, classes as in 0.33.0 ``vllm/distributed/kv_events.py``): each event is a
+  msgpack map
   tagged under ``"type"``; ``BlockStored`` has 15 fields + tag, so msgspec writes a map16 header.
-* vLLM ≤ 0.23 (``legacy=True``): each event is a positional array ``[tag, field, ...]`` with 11 ``BlockStored``
+* vLLM ≤ 0.23 (``legacy=True``): each event is a positional array ``[tag, field, ...]`` with 11
+  ``BlockStored``
   fields and 3 ``BlockRemoved`` fields.
 
 The batch is always ``[ts, events, data_parallel_rank]``. The structs mirror vLLM's field order and defaults
@@ -26,7 +29,7 @@ MEDIUM_GPU = "GPU"
 KV_CACHE_SPEC_KIND = "full_attention"
 
 
-# --- neutral records produced by the block pool --------------------------------------------------------------
+# --- neutral records produced by the block pool
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +60,7 @@ class Cleared:
 EventRecord = StoredRun | Removed | Cleared
 
 
-# --- vLLM 0.33.0 classes (map form) --------------------------------------------------------------------------
+# --- vLLM 0.33.0 classes (map form)
 
 
 class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -104,7 +107,7 @@ class KVEventBatch(EventBatch):
     events: list[BlockStored | BlockRemoved | AllBlocksCleared]
 
 
-# --- vLLM 0.22/0.23 classes (array form) ---------------------------------------------------------------------
+# --- vLLM 0.22/0.23 classes (array form)
 
 
 class LegacyKVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
@@ -135,7 +138,7 @@ class LegacyAllBlocksCleared(LegacyKVCacheEvent, tag="AllBlocksCleared"):
     pass
 
 
-# --- encoding ------------------------------------------------------------------------------------------------
+# --- encoding
 
 
 class EventEncoder:
@@ -171,7 +174,9 @@ class EventEncoder:
             return self._stored(rec)
         if isinstance(rec, Removed):
             cls = LegacyBlockRemoved if self._legacy else BlockRemoved
-            return cls(block_hashes=[self._hash(rec.block_hash)], medium=MEDIUM_GPU, group_idx=self._group_idx)
+            return cls(
+                block_hashes=[self._hash(rec.block_hash)], medium=MEDIUM_GPU, group_idx=self._group_idx
+            )
         return LegacyAllBlocksCleared() if self._legacy else AllBlocksCleared()
 
     def encode_structs(self, events: list[Any], ts: float, rank: int = 0) -> bytes:

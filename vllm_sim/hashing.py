@@ -6,13 +6,15 @@ Recipe (vLLM 0.29 – 0.33, ``vllm/v1/core/kv_cache_utils.py`` and ``vllm/utils/
   ``sha256(cbor2.dumps(obj, canonical=True))`` for ``sha256_cbor``; both give 32-byte digests.
 * ``NONE_HASH = H(seed)``, where ``seed`` is the string value of ``PYTHONHASHSEED`` when that variable is set,
   else the fixed string ``"vllm-none-hash"`` (the ≥ 0.29 rule for the sha256 family).
-* Block ``i`` (full blocks only) hashes ``H((parent, tuple(tokens_i), extra_keys_i))`` with ``parent`` the previous
+* Block ``i`` (full blocks only) hashes ``H((parent, tuple(tokens_i), extra_keys_i))`` with ``parent`` the
+  previous
   block's digest (``NONE_HASH`` for block 0) and ``extra_keys_i`` a tuple or ``None``.
 * Extra keys (≥ 0.31): ``("lora", name, path)`` on every block, then ``("cache_salt", salt)`` on block 0 only.
 * Events carry the low 64 bits of a digest (last 8 bytes, big-endian) unless
   ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``, in which case they carry the raw digest.
 
-This module deliberately shares no code with ``extproc``: the simulator exists to check the router independently.
+This module deliberately shares no code with ``extproc``: the simulator exists to check the router
+independently.
 """
 
 from __future__ import annotations
@@ -92,7 +94,8 @@ def event_extra_keys(keys: ExtraKeys) -> tuple[str, ...] | None:
 class BlockHasher:
     """Chained block hashing for one engine (one algorithm, one seed, one block size).
 
-    Built once per engine, like vLLM's ``init_none_hash`` + ``get_request_block_hasher``; holds no global state.
+    Built once per engine, like vLLM's ``init_none_hash`` + ``get_request_block_hasher``; holds no global
+    state.
     """
 
     def __init__(self, algo: HashAlgo, seed: str, block_size: int) -> None:

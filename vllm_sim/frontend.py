@@ -1,0 +1,83 @@
+"""Request-side helpers shared by the HTTP handlers: JSON in/out, model resolution, prompt → token ids."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from vllm_sim.config import ServerConfig
+from vllm_sim.hashing import LoraKey
+from vllm_sim.openai_api import ApiError, error_body, parse_chat_input, parse_prompt
+from vllm_sim.tokenize import PromptTokenizer, TemplateError
+
+FILLER_TEXT = " The quick brown fox jumps over the lazy dog."
+_json_decoder = msgspec.json.Decoder()
+
+
+def json_response(obj: Any, status: int = 200) -> web.Response:
+    """A JSON response encoded with msgspec (fast, compact)."""
+    return web.Response(body=msgspec.json.encode(obj), status=status, content_type="application/json")
+
+
+def error_response(err: ApiError) -> web.Response:
+    return json_response(error_body(err), status=err.status)
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    """The request body as a JSON object; raises ApiError(400) otherwise."""
+    raw = await request.read()
+    try:
+        body = _json_decoder.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise ApiError(400, f"Invalid JSON body: {exc}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "The request body must be a JSON object")
+    return body
+
+
+class Frontend:
+    """Model names, LoRA adapters, tokenization and the filler tokens of one server."""
+
+    def __init__(self, cfg: ServerConfig, tokenizer: PromptTokenizer) -> None:
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self._loras = {lora.name: lora for lora in cfg.lora_modules}
+        self.filler = tuple(tokenizer.encode_plain(FILLER_TEXT))
+        self.pieces = {t: tokenizer.decode([t]) for t in self.filler}
+        self.pieces[tokenizer.eos_token_id] = ""
+
+    def resolve_model(self, name: str) -> LoraKey | None:
+        """None for a base-model name, the adapter for a LoRA name; raises ApiError(404) for anything else."""
+        if name in self.cfg.served_model_names:
+            return None
+        lora = self._loras.get(name)
+        if lora is None:
+            raise ApiError(404, f"The model `{name}` does not exist.")
+        return lora
+
+    def text_of(self, token_ids: list[int]) -> str:
+        """Detokenized text of generated (filler/EOS) tokens."""
+        pieces = self.pieces
+        return "".join([pieces.get(t, "") for t in token_ids])
+
+    def _check_ids(self, ids: list[int]) -> list[int]:
+        vocab = self.tokenizer.vocab_size
+        for t in ids:
+            if t < 0 or t >= vocab:
+                raise ApiError(400, f"Token id {t} is out of vocabulary")
+        return ids
+
+    async def prompt_ids(self, body: dict[str, Any], chat: bool) -> list[int]:
+        """Token ids of a chat or completion body, exactly as vLLM renders them; raises ApiError(400)."""
+        try:
+            if chat:
+                return await self.tokenizer.chat(parse_chat_input(body))
+            prompt = parse_prompt(body)
+            if isinstance(prompt, list):
+                return self._check_ids(prompt)
+            add_special = body.get("add_special_tokens", True)
+            return await self.tokenizer.completion(prompt, add_special is not False)
+        except TemplateError as exc:
+            raise ApiError(400, f"Chat template error: {exc}") from None

@@ -1,0 +1,257 @@
+"""OpenAI-compatible request parsing and response shapes, as vLLM 0.33's OpenAI server has them. Pure
+functions.
+
+Errors are :class:`ApiError` (status + vLLM's error ``type``); :func:`error_body` renders vLLM's
+``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_sim.tokenize import ChatInput
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest default
+
+
+class ApiError(Exception):
+    """A request vLLM would reject; ``status`` 400 (BadRequestError) or 404 (NotFoundError)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+    @property
+    def type(self) -> str:
+        return {400: "BadRequestError", 404: "NotFoundError"}.get(self.status, "InternalServerError")
+
+
+def error_body(err: ApiError) -> dict[str, Any]:
+    """vLLM's ``ErrorResponse`` JSON."""
+    return {"error": {"message": err.message, "type": err.type, "param": None, "code": err.status}}
+
+
+@dataclass(frozen=True, slots=True)
+class GenParams:
+    """Request fields that decide scheduling and the output, validated."""
+
+    model: str
+    max_tokens: int | None
+    min_tokens: int
+    ignore_eos: bool
+    stream: bool
+    include_usage: bool
+    cache_salt: str | None
+
+
+def _opt_int(body: dict[str, Any], key: str, minimum: int) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ApiError(400, f"{key} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _bool(body: dict[str, Any], key: str, default: bool) -> bool:
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ApiError(400, f"{key} must be a boolean, got {value!r}")
+    return value
+
+
+def parse_gen_params(body: dict[str, Any], default_model: str, chat: bool) -> GenParams:
+    """Validate the fields shared by both endpoints; raises ApiError(400)."""
+    model = body.get("model") or default_model
+    if not isinstance(model, str):
+        raise ApiError(400, "model must be a string")
+    max_tokens = _opt_int(body, "max_completion_tokens", 1) if chat else None
+    if max_tokens is None:
+        max_tokens = _opt_int(body, "max_tokens", 1)
+    if max_tokens is None and not chat:
+        max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
+    min_tokens = _opt_int(body, "min_tokens", 0) or 0
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise ApiError(
+            400, f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}."
+        )
+    if _opt_int(body, "n", 1) not in (None, 1):
+        raise ApiError(400, "vllm-sim supports n=1 only")
+    stream = _bool(body, "stream", False)
+    options = body.get("stream_options")
+    if options is not None and (not stream or not isinstance(options, dict)):
+        raise ApiError(400, "Stream options can only be defined when `stream=True`.")
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise ApiError(400, "Parameter 'cache_salt' must be a non-empty string if provided.")
+    return GenParams(
+        model=model,
+        max_tokens=max_tokens,
+        min_tokens=min_tokens,
+        ignore_eos=_bool(body, "ignore_eos", False),
+        stream=stream,
+        include_usage=bool(options and options.get("include_usage")),
+        cache_salt=salt,
+    )
+
+
+def parse_chat_input(body: dict[str, Any]) -> ChatInput:
+    """The tokenization-relevant fields of a chat request; raises ApiError(400)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "messages must be a non-empty list")
+    if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+        raise ApiError(400, "each message must be an object with a string 'role'")
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise ApiError(400, "chat_template_kwargs must be an object")
+    add_gen = _bool(body, "add_generation_prompt", True)
+    cont = _bool(body, "continue_final_message", False)
+    if add_gen and cont:
+        raise ApiError(400, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+    template = body.get("chat_template")
+    tools = body.get("tools")
+    return ChatInput(
+        messages=messages,
+        add_generation_prompt=add_gen,
+        continue_final_message=cont,
+        add_special_tokens=_bool(body, "add_special_tokens", False),
+        chat_template=template if isinstance(template, str) else None,
+        chat_template_kwargs=kwargs,
+        tools=tools if isinstance(tools, list) else None,
+    )
+
+
+def parse_prompt(body: dict[str, Any]) -> str | list[int]:
+    """A completion prompt: text or token ids (a batch of one is unwrapped); raises ApiError(400)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return list(prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+        raise ApiError(400, "vllm-sim supports one prompt per request")
+    raise ApiError(400, "prompt must be a string, a list of token ids, or a list of one of those")
+
+
+def check_prompt_len(num_tokens: int, max_tokens: int | None, max_model_len: int) -> None:
+    """vLLM's length checks; raises ApiError(400)."""
+    if num_tokens == 0:
+        raise ApiError(400, "The decoder prompt cannot be empty")
+    if num_tokens >= max_model_len:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens. However, your request has "
+            f"{num_tokens} input tokens. Please reduce the length of the input messages.",
+        )
+    if max_tokens is not None and num_tokens + max_tokens > max_model_len:
+        raise ApiError(
+            400,
+            f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum "
+            f"context length is {max_model_len} tokens and your request has {num_tokens} input tokens "
+            f"({max_tokens} > {max_model_len} - {num_tokens}).",
+        )
+
+
+def resolve_output_len(
+    params: GenParams, prompt_len: int, max_model_len: int, natural_len: int
+) -> tuple[int, bool]:
+    """How many tokens to generate, and whether the last is EOS (finish "stop") rather than a length cut."""
+    cap = max_model_len - prompt_len
+    limit = cap if params.max_tokens is None else min(params.max_tokens, cap)
+    if params.ignore_eos:
+        return limit, False
+    natural = max(natural_len, params.min_tokens)
+    return (natural, True) if natural <= limit else (limit, False)
+
+
+def usage(prompt: int, completion: int, cached: int, details: bool) -> dict[str, Any]:
+    """vLLM's ``UsageInfo``; ``prompt_tokens_details`` only with the flag and a non-zero hit (as vLLM)."""
+    out: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + completion,
+        "completion_tokens": completion,
+        "prompt_tokens_details": None,
+    }
+    if details and cached:
+        out["prompt_tokens_details"] = {"cached_tokens": cached}
+    return out
+
+
+def completion_body(
+    rid: str, model: str, text: str, finish: str | None, use: dict[str, Any]
+) -> dict[str, Any]:
+    """A non-streaming ``/v1/completions`` response."""
+    choice = {
+        "index": 0,
+        "text": text,
+        "logprobs": None,
+        "finish_reason": finish,
+        "stop_reason": None,
+        "prompt_logprobs": None,
+    }
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": use,
+        "kv_transfer_params": None,
+    }
+
+
+def chat_body(rid: str, model: str, text: str, finish: str | None, use: dict[str, Any]) -> dict[str, Any]:
+    """A non-streaming ``/v1/chat/completions`` response."""
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": text,
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+        "tool_calls": [],
+        "reasoning_content": None,
+    }
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish, "stop_reason": None}
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": use,
+        "prompt_logprobs": None,
+        "kv_transfer_params": None,
+    }
+
+
+def stream_chunk(
+    rid: str, model: str, created: int, chat: bool, text: str | None, finish: str | None
+) -> dict[str, Any]:
+    """One SSE chunk. ``text=None`` on a chat stream is the opening role-only delta."""
+    if chat:
+        delta: dict[str, Any] = {"role": "assistant", "content": ""} if text is None else {"content": text}
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        obj = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        obj = "text_completion"
+    if finish is not None:
+        choice["stop_reason"] = None
+    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
+
+
+def usage_chunk(rid: str, model: str, created: int, chat: bool, use: dict[str, Any]) -> dict[str, Any]:
+    """The final ``choices: []`` chunk sent with ``stream_options.include_usage``."""
+    obj = "chat.completion.chunk" if chat else "text_completion"
+    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": use}
