@@ -71,16 +71,12 @@ def _cluster(name: str, ports: list[int], extra: dict[str, Any]) -> dict[str, An
     }
 
 
-def envoy_config(
-    listen: int, extproc: int, models: list[int], body_mode: str, *, response_headers: bool = False
-) -> dict[str, Any]:
-    """Our Envoy wiring: ext_proc with ``body_mode``, override_host over the model servers.
+T = "type.googleapis.com/envoy.extensions."
 
-    ``response_headers``: also send response headers to ext_proc, with the served endpoint in ``envoy.lb``.
-    """
-    t = "type.googleapis.com/envoy.extensions."
-    ext_proc = {
-        "@type": t + "filters.http.ext_proc.v3.ExternalProcessor",
+
+def _ext_proc_filter(body_mode: str, response_headers: bool) -> dict[str, Any]:
+    return {
+        "@type": T + "filters.http.ext_proc.v3.ExternalProcessor",
         "grpc_service": {"envoy_grpc": {"cluster_name": "extproc"}},
         "failure_mode_allow": False,
         "message_timeout": "5s",
@@ -96,75 +92,75 @@ def envoy_config(
             "forwarding_namespaces": {"untyped": ["envoy.lb"]},
         },
     }
-    override_host = {
-        "@type": t + "load_balancing_policies.override_host.v3.OverrideHost",
-        "override_host_sources": [{"header": "x-gateway-destination-endpoint"}],
-        "selected_host_key": {"key": "envoy.lb", "path": [{"key": "x-gateway-destination-endpoint-served"}]},
-        "fallback_policy": {
-            "policies": [
-                {
-                    "typed_extension_config": {
-                        "name": "envoy.load_balancing_policies.round_robin",
-                        "typed_config": {"@type": t + "load_balancing_policies.round_robin.v3.RoundRobin"},
-                    }
-                }
-            ]
+
+
+def _policy(name: str, typed_config: dict[str, Any]) -> dict[str, Any]:
+    return {"policies": [{"typed_extension_config": {"name": name, "typed_config": typed_config}}]}
+
+
+def _override_host() -> dict[str, Any]:
+    """override_host: the picker's header, else round robin; reports the served host in envoy.lb."""
+    round_robin = {"@type": T + "load_balancing_policies.round_robin.v3.RoundRobin"}
+    return _policy(
+        "override_host",
+        {
+            "@type": T + "load_balancing_policies.override_host.v3.OverrideHost",
+            "override_host_sources": [{"header": "x-gateway-destination-endpoint"}],
+            "selected_host_key": {
+                "key": "envoy.lb",
+                "path": [{"key": "x-gateway-destination-endpoint-served"}],
+            },
+            "fallback_policy": _policy("envoy.load_balancing_policies.round_robin", round_robin),
         },
+    )
+
+
+def _http_connection_manager(ext_proc: dict[str, Any]) -> dict[str, Any]:
+    route = {
+        "match": {"prefix": "/"},
+        "request_body_buffer_limit": 33554432,
+        "route": {"cluster": "models", "timeout": "0s"},
     }
-    h2 = {
-        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-            "@type": t + "upstreams.http.v3.HttpProtocolOptions",
-            "explicit_http_config": {"http2_protocol_options": {}},
-        }
-    }
-    hcm = {
-        "@type": t + "filters.network.http_connection_manager.v3.HttpConnectionManager",
+    return {
+        "@type": T + "filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "ingress",
-        "route_config": {
-            "virtual_hosts": [
-                {
-                    "name": "all",
-                    "domains": ["*"],
-                    "routes": [
-                        {
-                            "match": {"prefix": "/"},
-                            "request_body_buffer_limit": 33554432,
-                            "route": {"cluster": "models", "timeout": "0s"},
-                        }
-                    ],
-                }
-            ]
-        },
+        "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"], "routes": [route]}]},
         "http_filters": [
             {"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc},
             {
                 "name": "envoy.filters.http.router",
-                "typed_config": {"@type": t + "filters.http.router.v3.Router"},
+                "typed_config": {"@type": T + "filters.http.router.v3.Router"},
             },
         ],
     }
-    lb = {"policies": [{"typed_extension_config": {"name": "override_host", "typed_config": override_host}}]}
-    return {
-        "static_resources": {
-            "listeners": [
-                {
-                    "name": "main",
-                    "address": {"socket_address": {"address": "127.0.0.1", "port_value": listen}},
-                    "filter_chains": [
-                        {
-                            "filters": [
-                                {"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}
-                            ]
-                        }
-                    ],
-                }
-            ],
-            "clusters": [
-                _cluster("extproc", [extproc], {"typed_extension_protocol_options": h2}),
-                _cluster("models", models, {"load_balancing_policy": lb}),
-            ],
+
+
+def envoy_config(
+    listen: int, extproc: int, models: list[int], body_mode: str, *, response_headers: bool = False
+) -> dict[str, Any]:
+    """Our Envoy wiring: ext_proc with ``body_mode``, override_host over the model servers.
+
+    ``response_headers``: also send response headers to ext_proc, with the served endpoint in ``envoy.lb``.
+    """
+    hcm = _http_connection_manager(_ext_proc_filter(body_mode, response_headers))
+    h2 = {
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": T + "upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {}},
         }
     }
+    listener = {
+        "name": "main",
+        "address": {"socket_address": {"address": "127.0.0.1", "port_value": listen}},
+        "filter_chains": [
+            {"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}
+        ],
+    }
+    clusters = [
+        _cluster("extproc", [extproc], {"typed_extension_protocol_options": h2}),
+        _cluster("models", models, {"load_balancing_policy": _override_host()}),
+    ]
+    return {"static_resources": {"listeners": [listener], "clusters": clusters}}
 
 
 @asynccontextmanager
