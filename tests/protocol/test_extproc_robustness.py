@@ -20,6 +20,7 @@ from extproc_wire import (
     trailers_msg,
 )
 
+from extproc.protocol import ProcessorOptions
 from extproc.protocol.pb import external_processor_pb2_grpc
 
 PICK = f"{A},{B}"
@@ -83,3 +84,37 @@ async def test_many_concurrent_streams_in_mixed_modes() -> None:
                 r.request_body.response.body_mutation.streamed_response.body for r in result.replies[1:]
             )
             assert echoed == body
+
+
+@pytest.mark.parametrize(
+    "response_mode", [Mode.BUFFERED, Mode.FULL_DUPLEX_STREAMED], ids=["buffered", "duplex"]
+)
+async def test_response_path_when_stream_is_kept_open(response_mode: int) -> None:
+    first = headers_msg(mode=Mode.BUFFERED)
+    first.protocol_config.response_body_mode = response_mode  # type: ignore[assignment]
+    response = [
+        pb.ProcessingRequest(response_headers=pb.HttpHeaders()),
+        pb.ProcessingRequest(response_body=pb.HttpBody(body=b"data: 1\n\n", end_of_stream=False)),
+        pb.ProcessingRequest(response_body=pb.HttpBody(body=b"data: 2\n\n", end_of_stream=True)),
+        pb.ProcessingRequest(response_trailers=pb.HttpTrailers()),
+    ]
+    messages = [first, body_msg(chat_body(), eos=True), *response]
+    async with serving(FixedHandler(), ProcessorOptions(close_after_pick=False)) as (_, channel):
+        stub = external_processor_pb2_grpc.ExternalProcessorStub(channel)
+        result = await run_exchange(stub, messages, gap_s=0.005)
+    assert result.kinds() == [
+        "request_headers",
+        "request_body",
+        "response_headers",
+        *["response_body"] * 2,
+        "response_trailers",
+    ]
+    streamed = [r.response_body.response.body_mutation.streamed_response for r in result.replies[3:5]]
+    if response_mode == Mode.FULL_DUPLEX_STREAMED:  # echoed as it comes, end_of_stream kept
+        assert [(s.body, s.end_of_stream) for s in streamed] == [
+            (b"data: 1\n\n", False),
+            (b"data: 2\n\n", True),
+        ]
+    else:
+        assert all(not r.response_body.HasField("response") for r in result.replies[3:5])
+    assert result.code == grpc.StatusCode.OK
