@@ -191,3 +191,20 @@ async def test_index_failure_schedules_a_purge_before_the_next_batch() -> None:
     await ingest.apply(E, batch(stored(0, 2)))
     assert index.calls == [("clear", 0), ("store", 2)]
     assert await held(index) == 2 and not ingest.state(E).cold
+
+
+async def test_ingest_writes_through_the_redis_backend(valkey_url: str) -> None:
+    import uuid
+
+    from extproc.kvcache.redis_index import RedisPrefixIndex
+
+    index = await RedisPrefixIndex.connect(valkey_url, namespace=f"i{uuid.uuid4().hex[:8]}")
+    try:
+        ingest = Ingest(index, lambda _e: DEFAULT_SCHEME)
+        payload = decode_batch(GOLDEN_PAYLOAD)
+        await ingest.apply(E, EventBatch(payload.ts, payload.events[:3], payload.dp_rank))
+        assert await index.match(blocks(len(HASHES)), [E]) == {E: 4}
+        await ingest.apply(E, batch(AllBlocksCleared()))
+        assert await index.match(blocks(len(HASHES)), [E]) == {}
+    finally:
+        await index.close()

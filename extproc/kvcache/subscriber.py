@@ -1,0 +1,329 @@
+"""ZMQ subscriber for vLLM KV events: one SUB per endpoint, applied in order through ``Ingest``.
+
+Per endpoint (one task, so its batches are applied strictly in order)::
+
+    first message            -> baseline sequence number
+    seq == last + 1          -> apply
+    seq <= last              -> the engine restarted (it counts from 0 again): purge, apply
+    seq >  last + 1          -> gap: DEALER replay of [last+1, seq) from the engine's ROUTER, then apply;
+                                no replay endpoint, timeout, or an incomplete replay (the buffer no longer
+                                holds the start) -> purge, apply
+    socket (re)connected     -> purge and forget the baseline (we cannot know what we missed)
+    bad frames / payload     -> counted, logged (rate-limited), skipped; the stream carries on
+
+"Purge" = clear the endpoint's index entries and mark it cold until events refill it (``Ingest.purge``).
+
+Modes: ``connect`` (we dial each engine's PUB, the usual case) or ``bind`` (we bind and the engine dials us;
+vLLM connects when its endpoint has no ``*``). The replay socket is always the engine's, so we always dial it.
+
+The loop owns its sockets: on any unexpected error it logs, closes them, backs off and starts over (which
+counts as a reconnect). Every wait is bounded: polls tick every ``poll_interval_s`` and a replay gives up
+after ``replay_timeout_s`` or ``replay_max_batches``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from extproc.kvcache.events import (
+    EventDecodeError,
+    ReplayItem,
+    decode_batch,
+    parse_frames,
+    parse_replay_reply,
+    replay_request,
+)
+from extproc.kvcache.ingest import Ingest
+from extproc.types import EndpointId
+
+log = logging.getLogger(__name__)
+
+_MONITORED = zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
+_UP = (zmq.EVENT_CONNECTED, zmq.EVENT_ACCEPTED)
+
+
+@dataclass(frozen=True, slots=True)
+class EventSource:
+    """Where one endpoint's events come from: ``address`` of its PUB (or ours, with ``bind``)."""
+
+    endpoint: EndpointId
+    address: str  # "tcp://10.0.0.7:5557"; with bind=True e.g. "tcp://0.0.0.0:5557" or "tcp://127.0.0.1:*"
+    replay_address: str | None = None  # the engine's ROUTER, e.g. "tcp://10.0.0.7:6557"
+    bind: bool = False
+    topic: str = ""  # subscription prefix (vLLM's default topic is "")
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriberOptions:
+    """Tuning knobs; the defaults suit vLLM's publisher defaults (buffer_steps=10000, hwm=100000)."""
+
+    replay_timeout_s: float = 2.0
+    replay_max_batches: int = 20_000
+    poll_interval_s: float = 0.5
+    backoff_initial_s: float = 0.1
+    backoff_max_s: float = 5.0
+    rcvhwm: int = 100_000
+    heartbeat_ivl_ms: int = 2_000  # ZMTP heartbeats notice a silently dead peer
+    warn_every_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStatus:
+    """What the router needs to know about one endpoint's event stream."""
+
+    connected: bool
+    trusted: bool  # its hashes passed the self-check (or were never contradicted)
+    cold: bool  # purged or cleared and not refilled yet: "no prefix" is not a fact
+    last_seq: int | None
+    last_event_s: float | None  # monotonic time of the last applied batch; None = never
+
+
+@dataclass
+class StreamCounters:
+    """Transport totals over every endpoint (ingest keeps its own: ``Ingest.counters``)."""
+
+    messages: int = 0
+    bad_frames: int = 0
+    decode_errors: int = 0
+    gaps: int = 0
+    replays: int = 0
+    replay_failures: int = 0  # timeout, error, or incomplete: each ends in a purge
+    replayed_batches: int = 0
+    restarts: int = 0  # sequence went backwards
+    reconnects: int = 0
+    loop_errors: int = 0
+
+
+@dataclass
+class _Stream:
+    source: EventSource
+    last_seq: int | None = None
+    connections: int = 0
+    ever_connected: bool = False
+    last_event_s: float | None = None
+    bound_address: str | None = None
+    next_warn_s: float = 0.0
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+class KvEventSubscriber:
+    """One background task per endpoint: ``add``/``remove`` endpoints, read ``status``, ``close`` at exit."""
+
+    def __init__(
+        self,
+        ingest: Ingest,
+        *,
+        options: SubscriberOptions | None = None,
+        context: zmq.asyncio.Context | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ingest = ingest
+        self.options = options or SubscriberOptions()
+        self.counters = StreamCounters()
+        self._own_context = context is None
+        self._ctx = context or zmq.asyncio.Context()
+        self._clock = clock
+        self._streams: dict[EndpointId, _Stream] = {}
+
+    def add(self, source: EventSource) -> None:
+        """Start following ``source`` (to replace an endpoint's source, ``remove`` it first)."""
+        if source.endpoint in self._streams:
+            raise ValueError(f"already subscribed to {source.endpoint}")
+        stream = _Stream(source)
+        stream.task = asyncio.create_task(self._run(stream), name=f"kv-events:{source.endpoint}")
+        self._streams[source.endpoint] = stream
+
+    async def remove(self, endpoint: EndpointId, *, clear: bool = True) -> None:
+        """Stop following ``endpoint``; with ``clear``, also drop its index entries (it left the pool)."""
+        stream = self._streams.pop(endpoint, None)
+        if stream is None:
+            return
+        await _cancel(stream.task)
+        if clear:
+            await self.ingest.purge(endpoint, "endpoint removed")
+        self.ingest.forget(endpoint)
+
+    def status(self, endpoint: EndpointId) -> StreamStatus | None:
+        """The endpoint's stream status, or None if it is not followed."""
+        stream = self._streams.get(endpoint)
+        if stream is None:
+            return None
+        st = self.ingest.state(endpoint)
+        return StreamStatus(
+            connected=stream.connections > 0,
+            trusted=st.trusted,
+            cold=st.cold,
+            last_seq=stream.last_seq,
+            last_event_s=stream.last_event_s,
+        )
+
+    def bound_address(self, endpoint: EndpointId) -> str | None:
+        """In bind mode, the address actually bound (resolves a ``*`` port); None until bound."""
+        stream = self._streams.get(endpoint)
+        return None if stream is None else stream.bound_address
+
+    async def close(self) -> None:
+        """Stop every task and close every socket."""
+        streams, self._streams = list(self._streams.values()), {}
+        for stream in streams:
+            await _cancel(stream.task)
+        if self._own_context:
+            self._ctx.destroy(linger=0)
+
+    # -- the per-endpoint loop -------------------------------------------------------------------------------
+
+    async def _run(self, stream: _Stream) -> None:
+        opt = self.options
+        backoff = opt.backoff_initial_s
+        while True:
+            started = self._clock()
+            try:
+                await self._serve(stream)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.counters.loop_errors += 1
+                if self._clock() - started > opt.backoff_max_s:
+                    backoff = opt.backoff_initial_s  # it had been healthy: start the backoff over
+                log.exception("kv events: %s failed; restarting in %.1fs", stream.source.endpoint, backoff)
+            stream.connections = 0
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self.options.backoff_max_s)
+
+    async def _serve(self, stream: _Stream) -> None:
+        src, opt = stream.source, self.options
+        sub = self._ctx.socket(zmq.SUB)
+        monitor = sub.get_monitor_socket(_MONITORED)
+        try:
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.setsockopt(zmq.RCVHWM, opt.rcvhwm)
+            sub.setsockopt(zmq.HEARTBEAT_IVL, opt.heartbeat_ivl_ms)
+            sub.setsockopt(zmq.HEARTBEAT_TIMEOUT, opt.heartbeat_ivl_ms * 3)
+            sub.setsockopt(zmq.SUBSCRIBE, src.topic.encode())
+            if src.bind:
+                sub.bind(src.address)
+                stream.bound_address = sub.getsockopt_string(zmq.LAST_ENDPOINT)
+            else:
+                sub.connect(src.address)
+            poller = zmq.asyncio.Poller()
+            poller.register(sub, zmq.POLLIN)
+            poller.register(monitor, zmq.POLLIN)
+            while True:
+                ready = dict(await poller.poll(timeout=opt.poll_interval_s * 1000))
+                if monitor in ready:  # connection changes first: a reconnect purges before new data
+                    await self._on_monitor(stream, await monitor.recv_multipart())
+                elif sub in ready:
+                    await self._on_message(stream, await sub.recv_multipart())
+        finally:
+            with contextlib.suppress(zmq.ZMQError):
+                sub.disable_monitor()
+            monitor.close(linger=0)
+            sub.close(linger=0)
+
+    async def _on_monitor(self, stream: _Stream, frames: list[bytes]) -> None:
+        event = parse_monitor_message(frames)["event"]
+        endpoint = stream.source.endpoint
+        if event in _UP:
+            stream.connections += 1
+            if stream.ever_connected:
+                self.counters.reconnects += 1
+            reason = "reconnected" if stream.ever_connected else "stream started"
+            stream.ever_connected = True
+            stream.last_seq = None  # whatever comes next is a new baseline
+            await self.ingest.purge(endpoint, reason)
+        elif event == zmq.EVENT_DISCONNECTED:
+            stream.connections = max(0, stream.connections - 1)
+            log.info("kv events: %s disconnected", endpoint)
+
+    async def _on_message(self, stream: _Stream, frames: list[bytes]) -> None:
+        try:
+            _topic, seq, payload = parse_frames(frames)
+        except EventDecodeError as exc:
+            self.counters.bad_frames += 1
+            self._warn(stream, "bad frames: %s", exc)
+            return
+        self.counters.messages += 1
+        endpoint, last = stream.source.endpoint, stream.last_seq
+        if last is not None and seq <= last:
+            self.counters.restarts += 1
+            await self.ingest.purge(endpoint, f"sequence went back from {last} to {seq}: engine restart")
+        elif last is not None and seq > last + 1:
+            self.counters.gaps += 1
+            await self._recover(stream, last + 1, seq)
+        stream.last_seq = seq
+        await self._apply(stream, payload)
+
+    async def _apply(self, stream: _Stream, payload: bytes) -> None:
+        try:
+            batch = decode_batch(payload)
+        except EventDecodeError as exc:
+            self.counters.decode_errors += 1
+            self._warn(stream, "undecodable batch skipped: %s", exc)
+            return
+        await self.ingest.apply(stream.source.endpoint, batch)
+        stream.last_event_s = self._clock()
+
+    async def _recover(self, stream: _Stream, start: int, until: int) -> None:
+        """Fill the gap [start, until) by replay, or purge if that cannot be done completely."""
+        endpoint, address = stream.source.endpoint, stream.source.replay_address
+        if address is None:
+            await self.ingest.purge(endpoint, f"gap {start}..{until - 1} and no replay endpoint")
+            return
+        self.counters.replays += 1
+        items = await self._replay(address, start, until)
+        wanted = [] if items is None else [i for i in items if i.seq < until]
+        if items is None or [i.seq for i in wanted] != list(range(start, until)):
+            self.counters.replay_failures += 1
+            got = "nothing" if not wanted else f"{wanted[0].seq}..{wanted[-1].seq}"
+            await self.ingest.purge(endpoint, f"replay of {start}..{until - 1} incomplete (got {got})")
+            return
+        self.counters.replayed_batches += len(wanted)
+        for item in wanted:
+            await self._apply(stream, item.payload)
+
+    async def _replay(self, address: str, start: int, until: int) -> list[ReplayItem] | None:
+        """Ask the engine's ROUTER for batches from ``start``; None on timeout or protocol error."""
+        opt = self.options
+        dealer = self._ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        items: list[ReplayItem] = []
+        try:
+            dealer.connect(address)
+            async with asyncio.timeout(opt.replay_timeout_s):
+                await dealer.send_multipart(replay_request(start))
+                while len(items) < opt.replay_max_batches:
+                    item = parse_replay_reply(await dealer.recv_multipart())
+                    if item is None:
+                        return items
+                    items.append(item)
+                    if item.seq >= until - 1:
+                        return items  # up to the live message: the rest will come through the SUB
+            return None  # more than replay_max_batches: treat as incomplete
+        except (TimeoutError, EventDecodeError, zmq.ZMQError) as exc:
+            log.warning("kv events: replay from %s at %d failed: %r", address, start, exc)
+            return None
+        finally:
+            dealer.close(linger=0)
+
+    def _warn(self, stream: _Stream, msg: str, *args: object) -> None:
+        now = self._clock()
+        if now >= stream.next_warn_s:
+            stream.next_warn_s = now + self.options.warn_every_s
+            log.warning("kv events: %s: " + msg, stream.source.endpoint, *args)
+
+
+async def _cancel(task: asyncio.Task[None] | None) -> None:
+    if task is None or task.done():
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

@@ -1,0 +1,266 @@
+"""The subscriber against a real ZMQ PUB + ROUTER on 127.0.0.1 (tests/kvcache/vllm_pub.py), bounded waits."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import pytest
+import zmq
+import zmq.asyncio
+
+from extproc.kvcache.ingest import Ingest
+from extproc.kvcache.memory_index import MemoryPrefixIndex
+from extproc.kvcache.subscriber import EventSource, KvEventSubscriber, SubscriberOptions
+from extproc.types import BlockHash, EndpointId, HashScheme
+
+from .vllm_pub import (
+    GOLDEN_PAYLOAD,
+    HASHES,
+    AllBlocksCleared,
+    FakePublisher,
+    FutureEvent,
+    batch,
+    removed,
+    stored,
+)
+
+E = EndpointId("127.0.0.1:8001")
+OPTIONS = SubscriberOptions(replay_timeout_s=1.0, poll_interval_s=0.05, backoff_initial_s=0.05)
+ALL = [BlockHash(h) for h in HASHES]
+
+
+async def until(cond: Callable[[], bool], timeout_s: float = 5.0, what: str = "condition") -> None:
+    """Wait (bounded) for ``cond`` to hold."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not cond():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+@dataclass
+class Rig:
+    ctx: zmq.asyncio.Context
+    pub: FakePublisher
+    sub: KvEventSubscriber
+    index: MemoryPrefixIndex
+    ingest: Ingest
+
+    def held(self) -> int:
+        return self.index.match_sync(ALL, [E]).get(E, 0)
+
+    async def settle(self) -> None:
+        """Wait until every batch published so far has been handled by the subscriber."""
+        await until(lambda: (s := self.sub.status(E)) is not None and s.last_seq == self.pub.seq - 1,
+                    what=f"seq {self.pub.seq - 1}")  # fmt: skip
+
+    async def warm_up(self) -> None:
+        """Publish empty batches until the subscription is live (ZMQ's slow joiner), then settle."""
+        for _ in range(300):
+            await self.pub.publish(batch())
+            await asyncio.sleep(0.02)
+            status = self.sub.status(E)
+            if status is not None and status.last_seq is not None:
+                break
+        await self.settle()
+
+
+@contextlib.asynccontextmanager
+async def rig(
+    *, replay: bool = True, replay_with_topic: bool = True, bind: bool = False
+) -> AsyncIterator[Rig]:
+    ctx = zmq.asyncio.Context()
+    index = MemoryPrefixIndex()
+    ingest = Ingest(index, lambda _e: HashScheme())
+    sub = KvEventSubscriber(ingest, options=OPTIONS, context=ctx)
+    pub = FakePublisher(ctx, replay_with_topic=replay_with_topic)
+    try:
+        if bind:
+            pub.start(connect_to=None)  # ROUTER bound; PUB bound too but unused until re-pointed below
+            sub.add(EventSource(E, "tcp://127.0.0.1:*", pub.replay_address if replay else None, bind=True))
+            await until(lambda: sub.bound_address(E) is not None, what="bind")
+            pub.pub.close(linger=0)
+            pub.pub = ctx.socket(zmq.PUB)
+            pub.pub.connect(str(sub.bound_address(E)))
+        else:
+            pub.start()
+            sub.add(EventSource(E, pub.pub_address, pub.replay_address if replay else None))
+        r = Rig(ctx, pub, sub, index, ingest)
+        await r.warm_up()
+        yield r
+    finally:
+        await sub.close()
+        await pub.close()
+        ctx.destroy(linger=0)
+
+
+async def test_events_apply_in_order() -> None:
+    async with rig() as r:
+        await r.pub.publish(GOLDEN_PAYLOAD)  # stores 0-4, removes 4, clears everything
+        await r.settle()
+        c = r.ingest.counters
+        assert (c.blocks_stored, c.blocks_removed, c.clears, c.selfchecks) == (5, 1, 1, 1)
+        assert r.held() == 0
+        await r.pub.publish(batch(stored(0, 3)))
+        await r.pub.publish(batch(stored(3, 2)))
+        await r.settle()
+        assert r.held() == 5
+        await r.pub.publish(batch(removed(4)))
+        await r.settle()
+        assert r.held() == 4
+        status = r.sub.status(E)
+        assert status is not None and status.connected and status.trusted and not status.cold
+        assert status.last_event_s is not None
+        assert r.sub.counters.gaps == 0 and r.pub.replay_requests == []
+
+
+@pytest.mark.parametrize("with_topic", [True, False], ids=["replay>=0.26", "replay<=0.25"])
+async def test_gap_is_filled_by_replay(with_topic: bool) -> None:
+    async with rig(replay_with_topic=with_topic) as r:
+        await r.pub.publish(batch(stored(0, 3)))
+        lost = r.pub.drop(batch(stored(3, 2)))
+        r.pub.drop(batch(stored(5, 1)))
+        await r.pub.publish(batch(stored(6, 2)))
+        await r.settle()
+        assert r.pub.replay_requests == [lost]
+        assert r.held() == 8
+        c = r.sub.counters
+        assert (c.gaps, c.replays, c.replay_failures, c.replayed_batches) == (1, 1, 0, 2)
+        assert not r.sub.status(E).cold  # type: ignore[union-attr]
+
+
+async def test_incomplete_replay_purges() -> None:
+    async with rig() as r:
+        await r.pub.publish(batch(stored(0, 3)))
+        purges = r.ingest.counters.purges
+        lost = r.pub.drop(batch(stored(3, 2)))
+        r.pub.drop(batch(stored(5, 1)))
+        r.pub.forget(lost)  # the buffer rolled over: replay starts later than asked
+        await r.pub.publish(batch(stored(6, 2)))
+        await r.settle()
+        assert r.sub.counters.replay_failures == 1
+        assert r.ingest.counters.purges == purges + 1
+        assert r.held() == 0  # blocks 0-2 purged; 6-7 stored but not a prefix
+        assert r.index.match_sync(ALL[6:], [E]) == {E: 2}
+
+
+async def test_gap_without_replay_endpoint_purges() -> None:
+    async with rig(replay=False) as r:
+        await r.pub.publish(batch(stored(0, 3)))
+        r.pub.drop(batch(removed(2)))
+        await r.pub.publish(batch(stored(3, 1)))
+        await r.settle()
+        assert r.sub.counters.gaps == 1 and r.sub.counters.replays == 0
+        assert r.held() == 0
+
+
+async def test_replay_that_never_answers_purges_within_the_timeout() -> None:
+    async with rig() as r:
+        silent = r.ctx.socket(zmq.ROUTER)  # accepts the request, never replies
+        port = silent.bind_to_random_port("tcp://127.0.0.1")
+        try:
+            await r.sub.remove(E, clear=False)
+            r.sub.add(EventSource(E, r.pub.pub_address, f"tcp://127.0.0.1:{port}"))
+            await r.warm_up()
+            await r.pub.publish(batch(stored(0, 3)))
+            r.pub.drop(batch(stored(3, 1)))
+            await r.pub.publish(batch(stored(4, 1)))
+            await r.settle()
+            assert r.sub.counters.replay_failures == 1
+            assert r.held() == 0
+        finally:
+            silent.close(linger=0)
+
+
+async def test_sequence_going_back_is_a_restart() -> None:
+    async with rig() as r:
+        await r.pub.publish(batch(stored(0, 3)))
+        await r.settle()
+        r.pub.restart_counter()
+        await r.pub.publish(batch(stored(0, 1)))
+        await r.settle()
+        assert r.sub.counters.restarts == 1
+        assert r.held() == 1  # everything before the restart was purged
+
+
+async def test_all_blocks_cleared() -> None:
+    async with rig() as r:
+        await r.pub.publish(batch(stored(0, 3)))
+        await r.pub.publish(batch(AllBlocksCleared()))
+        await r.settle()
+        assert r.held() == 0
+        assert r.sub.status(E).cold  # type: ignore[union-attr]
+        await r.pub.publish(batch(stored(0, 2)))
+        await r.settle()
+        assert r.held() == 2 and not r.sub.status(E).cold  # type: ignore[union-attr]
+
+
+async def test_garbage_is_survived() -> None:
+    async with rig() as r:
+        await r.pub.send_raw([b"", b"\x00" * 8])  # two frames
+        await r.pub.send_raw([b"", b"\x00" * 3, b"x"])  # short sequence number
+        await r.pub.publish(b"\x93\xcb\x00")  # truncated payload (consumes a sequence number)
+        await r.pub.publish(b"\xc1garbage")
+        await r.pub.publish(batch(FutureEvent(), stored(0, 2)))  # unknown tag beside a known one
+        await r.settle()
+        assert r.sub.counters.bad_frames == 2
+        assert r.sub.counters.decode_errors == 2
+        assert r.ingest.counters.unknown_events == 1
+        assert r.held() == 2
+        assert r.sub.counters.loop_errors == 0
+
+
+async def test_selfcheck_mismatch_marks_untrusted_until_a_check_passes() -> None:
+    async with rig() as r:
+        wrong = [h ^ 1 for h in HASHES[:2]]
+        await r.pub.publish(batch(stored(0, 2, hashes=wrong)))
+        await r.settle()
+        status = r.sub.status(E)
+        assert status is not None and not status.trusted
+        assert r.ingest.counters.selfcheck_mismatches == 1
+        await r.pub.publish(batch(stored(0, 2)))
+        await r.settle()
+        assert r.sub.status(E).trusted  # type: ignore[union-attr]
+        assert r.held() == 2
+
+
+async def test_bind_mode_engine_connects_to_us() -> None:
+    async with rig(bind=True) as r:
+        await r.pub.publish(batch(stored(0, 3)))
+        await r.settle()
+        assert r.held() == 3
+        assert r.sub.status(E).connected  # type: ignore[union-attr]
+
+
+async def test_reconnect_purges() -> None:
+    async with rig() as r:
+        await r.pub.publish(batch(stored(0, 3)))
+        await r.settle()
+        port = int(r.pub.pub_address.rsplit(":", 1)[1])
+        r.pub.pub.close(linger=0)  # the engine goes away ...
+        await until(lambda: not r.sub.status(E).connected, what="disconnect")  # type: ignore[union-attr]
+        r.pub.pub = r.ctx.socket(zmq.PUB)
+        for _ in range(100):  # ... and comes back on the same port
+            try:
+                r.pub.pub.bind(f"tcp://127.0.0.1:{port}")
+                break
+            except zmq.ZMQError:
+                await asyncio.sleep(0.02)
+        await until(lambda: r.sub.status(E).connected, what="reconnect")  # type: ignore[union-attr]
+        assert r.sub.counters.reconnects == 1
+        assert r.held() == 0 and r.sub.status(E).cold  # type: ignore[union-attr]
+        await r.warm_up()
+        await r.pub.publish(batch(stored(0, 1)))
+        await r.settle()
+        assert r.held() == 1
+
+
+async def test_remove_clears_the_endpoint() -> None:
+    async with rig() as r:
+        await r.pub.publish(batch(stored(0, 3)))
+        await r.settle()
+        await r.sub.remove(E)
+        assert r.held() == 0 and r.sub.status(E) is None
