@@ -1,0 +1,26 @@
+"""Shared fixtures for the simulator tests: golden data from ../shared/vllm and the Qwen3 tokenizer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.sim.helpers import TOKENIZER_DIR, load_golden
+from vllm_sim.tokenize import PromptTokenizer
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> PromptTokenizer:
+    return PromptTokenizer(TOKENIZER_DIR)
+
+
+@pytest.fixture(scope="session")
+def golden_tokens() -> dict[str, Any]:
+    return {c["name"]: c for c in load_golden("golden-tokens.json")["cases"]}
+
+
+@pytest.fixture(scope="session")
+def golden_hashes() -> dict[str, Any]:
+    data: dict[str, Any] = load_golden("golden-hashes.json")
+    return data
