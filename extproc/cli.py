@@ -21,9 +21,47 @@ def _tokenizers(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+    import signal
+
+    from extproc.app import App
+    from extproc.config import load_config
+
+    config = load_config(args.config)
+    logging.basicConfig(level=config.logging.level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+
+    async def run() -> None:
+        app = App(config, base_dir=Path(args.config).resolve().parent if args.relative else None)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await app.start()
+        print(
+            f"extproc: ready on {config.listen.host}:{app.grpc_port} (metrics :{app.metrics_port})",
+            flush=True,
+        )
+        await stop.wait()
+        await app.stop()
+
+    asyncio.run(run())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="extproc", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the ext_proc picker")
+    serve.add_argument("--config", required=True, help="YAML config file (see extproc/config.py)")
+    serve.add_argument(
+        "--relative",
+        action="store_true",
+        help="resolve tokenizer_cache_dir against the config file's folder, not the cwd",
+    )
+    serve.set_defaults(func=_serve)
 
     tok = sub.add_parser("tokenizers", help="manage tokenizer_cache/")
     tok_sub = tok.add_subparsers(dest="tok_command", required=True)

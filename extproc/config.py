@@ -75,6 +75,9 @@ class SchedulingConfig(_Strict):
     stickiness_s: float = Field(
         0.05, ge=0, description="prefer the warmest endpoint while its estimate is within this of the best"
     )
+    min_prefix_share: float = Field(
+        0.2, ge=0, le=1, description="a cached prefix below this share of the prompt counts as cold"
+    )
     tie_epsilon_s: float = Field(0.002, ge=0, description="estimates closer than this are ties, spread")
     fallbacks: int = Field(2, ge=0, description="extra endpoints in the header for Envoy's retries")
     weights: dict[str, float] = Field(
@@ -82,6 +85,14 @@ class SchedulingConfig(_Strict):
         description="weighted profile only: scorer name → weight",
     )
     shed_ttft_s: float = Field(30.0, gt=0, description="sheddable (priority<0) requests get 429 beyond this")
+
+    @field_validator("weights")
+    @classmethod
+    def _known_scorers(cls, value: dict[str, float]) -> dict[str, float]:
+        unknown = set(value) - {"prefix", "queue", "kv"}
+        if unknown:
+            raise ValueError(f"unknown scorers {sorted(unknown)}; known: prefix, queue, kv")
+        return value
 
 
 class TenantClass(_Strict):

@@ -24,14 +24,20 @@ class RouterMetrics:
         )
         self.prompt_tokens = Counter("router_prompt_tokens", "Prompt tokens routed", registry=registry)
         self.phase_seconds = Histogram(
-            "router_pick_phase_seconds", "Pick latency by phase", ["phase"], buckets=_LATENCY_BUCKETS,
+            "router_pick_phase_seconds",
+            "Pick latency by phase",
+            ["phase"],
+            buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
         self.tokenize_failures = Counter(
             "router_tokenize_failures", "Tokenizations that failed or timed out", registry=registry
         )
         self.index_failures = Counter(
-            "router_index_failures", "Index lookups past their deadline or failed", ["index"], registry=registry
+            "router_index_failures",
+            "Index lookups past their deadline or failed",
+            ["index"],
+            registry=registry,
         )
         self.endpoint_healthy = Gauge(
             "router_endpoint_healthy", "1 if the endpoint is eligible", ["endpoint"], registry=registry

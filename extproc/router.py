@@ -104,8 +104,14 @@ class RouterDeps:
 class Router:
     """Implements the ext_proc adapter's ``RouteHandler``."""
 
-    def __init__(self, deps: RouterDeps, settings: RouterSettings, *, rng: random.Random | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        deps: RouterDeps,
+        settings: RouterSettings,
+        *,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._d = deps
         self._s = settings
         self._rng = rng or random.Random()
@@ -121,16 +127,21 @@ class Router:
             decision, routing = await self._decide(request, timer)
         except RouterError as exc:
             self._d.metrics.rejections.labels(str(exc.status)).inc()
-            log.info(json.dumps({"request_id": request.request_id, "rejected": exc.status, "error": exc.message}))
+            log.info(
+                json.dumps({"request_id": request.request_id, "rejected": exc.status, "error": exc.message})
+            )
             raise
         self._record(routing, decision)
         timer.mark("total_end")
         self._observe(request, routing, decision, timer)
-        return Route(decision.endpoints, {
-            HEADER_REASON: decision.reason.value,
-            HEADER_CACHED: str(decision.cached_tokens),
-            HEADER_PROMPT: str(routing.prompt_tokens),
-        })
+        return Route(
+            decision.endpoints,
+            {
+                HEADER_REASON: decision.reason.value,
+                HEADER_CACHED: str(decision.cached_tokens),
+                HEADER_PROMPT: str(routing.prompt_tokens),
+            },
+        )
 
     async def _decide(self, request: HttpRequest, timer: _PhaseTimer) -> tuple[Decision, RoutingRequest]:
         prepared = await self._d.preparer.prepare(request)
@@ -140,14 +151,20 @@ class Router:
         timer.mark("hash")
         tenant_id = request.headers.get(self._s.tenant_header, "")
         routing = RoutingRequest(
-            request_id=request.request_id, model=prepared.model, base_model=prepared.base_model,
-            lora=prepared.lora, prompt_tokens=len(prepared.token_ids or ()), block_hashes=hashes,
-            block_size=scheme.block_size, tenant=self._d.tenant_for(tenant_id),
+            request_id=request.request_id,
+            model=prepared.model,
+            base_model=prepared.base_model,
+            lora=prepared.lora,
+            prompt_tokens=len(prepared.token_ids or ()),
+            block_hashes=hashes,
+            block_size=scheme.block_size,
+            tenant=self._d.tenant_for(tenant_id),
             subset=frozenset(request.subset) if request.subset is not None else None,
         )
         states = self._d.registry.snapshot()
-        endpoints = eligible((s.endpoint for s in states.values()), routing.base_model, routing.lora,
-                             routing.subset)
+        endpoints = eligible(
+            (s.endpoint for s in states.values()), routing.base_model, routing.lora, routing.subset
+        )
         if not endpoints:
             raise NoEndpoint("no eligible endpoint serves this model")
         matches = await self._lookup(hashes, [e.id for e in endpoints])
@@ -169,7 +186,9 @@ class Router:
             self._d.executor, self._d.hasher, scheme, tokens, prepared.lora, prepared.cache_salt
         )
 
-    async def _lookup(self, hashes: Sequence[BlockHash], endpoints: Sequence[EndpointId]) -> dict[EndpointId, int]:
+    async def _lookup(
+        self, hashes: Sequence[BlockHash], endpoints: Sequence[EndpointId]
+    ) -> dict[EndpointId, int]:
         """Leading cached blocks per endpoint: event-fed endpoints from the precise index (plus our short-lived
         burst marks), the others from the approximate index. A slow or failed index counts as no match."""
         if not hashes:
@@ -181,8 +200,9 @@ class Router:
         )
         return {e: max(exact.get(e, 0), approx.get(e, 0)) for e in endpoints}
 
-    async def _match(self, name: str, index: PrefixIndex, hashes: Sequence[BlockHash],
-                     endpoints: Collection[EndpointId]) -> Mapping[EndpointId, int]:
+    async def _match(
+        self, name: str, index: PrefixIndex, hashes: Sequence[BlockHash], endpoints: Collection[EndpointId]
+    ) -> Mapping[EndpointId, int]:
         if not endpoints:
             return {}
         try:
@@ -201,8 +221,12 @@ class Router:
         inflight = self._d.inflight
         queued = max(inflight.queued_tokens(eid), waiting * inflight.mean_uncached_tokens)
         load = LoadSnapshot(
-            running=m.running if m else 0, waiting=waiting, kv_usage=m.kv_usage if m else 0.0, known=known,
-            scraped_at_s=state.scraped_at_s, inflight_requests=inflight.routed_since_scrape(eid),
+            running=m.running if m else 0,
+            waiting=waiting,
+            kv_usage=m.kv_usage if m else 0.0,
+            known=known,
+            scraped_at_s=state.scraped_at_s,
+            inflight_requests=inflight.routed_since_scrape(eid),
             queued_prefill_tokens=queued,
         )
         return Candidate(state.endpoint, load, cached_blocks, precise=self._d.is_precise(eid))
@@ -226,8 +250,9 @@ class Router:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _observe(self, request: HttpRequest, routing: RoutingRequest, decision: Decision,
-                 timer: _PhaseTimer) -> None:
+    def _observe(
+        self, request: HttpRequest, routing: RoutingRequest, decision: Decision, timer: _PhaseTimer
+    ) -> None:
         m = self._d.metrics
         m.decisions.labels(decision.reason.value).inc()
         m.cached_tokens.inc(decision.cached_tokens)
@@ -235,14 +260,22 @@ class Router:
         for phase, seconds in timer.phases().items():
             m.phase_seconds.labels(phase).observe(seconds)
         if log.isEnabledFor(logging.INFO):
-            log.info(json.dumps({
-                "request_id": request.request_id, "model": routing.model, "tenant": routing.tenant.id,
-                "endpoint": decision.endpoints[0], "fallbacks": decision.endpoints[1:],
-                "reason": decision.reason.value, "prompt_tokens": routing.prompt_tokens,
-                "cached_tokens": decision.cached_tokens,
-                "scores": {e: round(v, 4) for e, v in decision.scores.items()},
-                "ms": {k: round(v * 1000, 3) for k, v in timer.phases().items()},
-            }))
+            log.info(
+                json.dumps(
+                    {
+                        "request_id": request.request_id,
+                        "model": routing.model,
+                        "tenant": routing.tenant.id,
+                        "endpoint": decision.endpoints[0],
+                        "fallbacks": decision.endpoints[1:],
+                        "reason": decision.reason.value,
+                        "prompt_tokens": routing.prompt_tokens,
+                        "cached_tokens": decision.cached_tokens,
+                        "scores": {e: round(v, 4) for e, v in decision.scores.items()},
+                        "ms": {k: round(v * 1000, 3) for k, v in timer.phases().items()},
+                    }
+                )
+            )
 
 
 class _PhaseTimer:

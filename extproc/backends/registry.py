@@ -60,8 +60,15 @@ class EndpointRegistry:
         old = self._states[eid]
         unreach = old.unreachable + 1 if unreachable else 0
         healthy = unreach < unhealthy_after
-        self._swap(eid, replace(old, endpoint=replace(old.endpoint, healthy=healthy),
-                                failures=old.failures + 1, unreachable=unreach))
+        self._swap(
+            eid,
+            replace(
+                old,
+                endpoint=replace(old.endpoint, healthy=healthy),
+                failures=old.failures + 1,
+                unreachable=unreach,
+            ),
+        )
 
     def discovered(self, eid: EndpointId, models: frozenset[str], adapters: frozenset[str]) -> None:
         """``/v1/models`` answered: what the endpoint serves."""

@@ -20,8 +20,17 @@ PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
 PREFIX_HITS = "vllm:prefix_cache_hits_total"
 PREEMPTIONS = "vllm:num_preemptions_total"
 
-_WANTED = (RUNNING, WAITING, KV_USAGE, OLD_KV_USAGE, CACHE_CONFIG, LORA_INFO, PREFIX_QUERIES, PREFIX_HITS,
-           PREEMPTIONS)
+_WANTED = (
+    RUNNING,
+    WAITING,
+    KV_USAGE,
+    OLD_KV_USAGE,
+    CACHE_CONFIG,
+    LORA_INFO,
+    PREFIX_QUERIES,
+    PREFIX_HITS,
+    PREEMPTIONS,
+)
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 

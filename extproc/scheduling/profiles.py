@@ -3,7 +3,9 @@
 ``TtftProfile`` (the default) estimates each candidate's time to first token and picks the lowest, spreading
 near-ties; it stays with the warmest endpoint while that costs at most ``stickiness_s`` more (or, for a tenant
 with a TTFT target, while the warm estimate meets the target), because keeping a prefix where it is cached saves
-prefill work for the requests that follow. ``WeightedProfile`` is the classic weighted-scorer blend.
+prefill work for the requests that follow. A match below ``min_prefix_share`` of the prompt (a shared system
+prompt, say) does not make an endpoint warm: such a request is routed by load. ``WeightedProfile`` is the
+classic weighted-scorer blend.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from extproc.types import Candidate, Decision, EndpointId, Reason, RoutingReques
 
 
 class Profile(Protocol):
-    def decide(self, request: RoutingRequest, candidates: Sequence[Candidate], rng: random.Random) -> Decision:
+    def decide(
+        self, request: RoutingRequest, candidates: Sequence[Candidate], rng: random.Random
+    ) -> Decision:
         """Pick among ``candidates`` (already filtered). Raises NoEndpoint (none) or Overloaded (shed)."""
         ...
 
@@ -29,11 +33,14 @@ class Profile(Protocol):
 class TtftProfile:
     params: EstimatorParams = EstimatorParams()
     stickiness_s: float = 0.05
+    min_prefix_share: float = 0.2
     tie_epsilon_s: float = 0.002
     fallbacks: int = 2
     shed_ttft_s: float = 30.0
 
-    def decide(self, request: RoutingRequest, candidates: Sequence[Candidate], rng: random.Random) -> Decision:
+    def decide(
+        self, request: RoutingRequest, candidates: Sequence[Candidate], rng: random.Random
+    ) -> Decision:
         if not candidates:
             raise NoEndpoint("no eligible endpoint serves this model")
         est = {
@@ -63,7 +70,8 @@ class TtftProfile:
         if request.prompt_tokens == 0:
             return _spread(est, best, self.tie_epsilon_s, rng), Reason.NO_TOKENS
         warm = max(candidates, key=lambda c: (c.cached_blocks, -est[c.endpoint.id]))
-        if warm.cached_blocks == 0:
+        share = cached_tokens(warm, request.prompt_tokens, request.block_size) / request.prompt_tokens
+        if share < self.min_prefix_share:  # e.g. only a shared system prompt: cold, weigh load alone
             return _spread(est, best, self.tie_epsilon_s, rng), Reason.LOAD
         warm_est = est[warm.endpoint.id]
         target = request.tenant.ttft_target_s
@@ -93,7 +101,9 @@ class WeightedProfile:
     params: EstimatorParams = EstimatorParams()
     fallbacks: int = 2
 
-    def decide(self, request: RoutingRequest, candidates: Sequence[Candidate], rng: random.Random) -> Decision:
+    def decide(
+        self, request: RoutingRequest, candidates: Sequence[Candidate], rng: random.Random
+    ) -> Decision:
         if not candidates:
             raise NoEndpoint("no eligible endpoint serves this model")
         total: dict[EndpointId, float] = {c.endpoint.id: 0.0 for c in candidates}

@@ -42,8 +42,9 @@ class FakePreparer:
         return PreparedPrompt("m", "m", None, None, self.tokens)
 
 
-def fake_hasher(scheme: HashScheme, tokens: Sequence[int], lora: LoraAdapter | None,
-                salt: str | None) -> list[BlockHash]:
+def fake_hasher(
+    scheme: HashScheme, tokens: Sequence[int], lora: LoraAdapter | None, salt: str | None
+) -> list[BlockHash]:
     n = len(tokens) // scheme.block_size
     return [BlockHash(hash(tuple(tokens[: (i + 1) * scheme.block_size]))) for i in range(n)]
 
@@ -53,7 +54,9 @@ class DictIndex:
         self.held: dict[EndpointId, set[BlockHash]] = {}
         self.fail, self.delay_s = fail, delay_s
 
-    async def match(self, hashes: Sequence[BlockHash], endpoints: Collection[EndpointId]) -> Mapping[EndpointId, int]:
+    async def match(
+        self, hashes: Sequence[BlockHash], endpoints: Collection[EndpointId]
+    ) -> Mapping[EndpointId, int]:
         if self.fail:
             raise IndexUnavailable("down")
         await asyncio.sleep(self.delay_s)
@@ -65,7 +68,9 @@ class DictIndex:
             out[e] = n
         return out
 
-    async def store(self, endpoint: EndpointId, hashes: Sequence[BlockHash], *, ttl_s: float | None = None) -> None:
+    async def store(
+        self, endpoint: EndpointId, hashes: Sequence[BlockHash], *, ttl_s: float | None = None
+    ) -> None:
         self.held.setdefault(endpoint, set()).update(hashes)
 
     async def remove(self, endpoint: EndpointId, hashes: Sequence[BlockHash]) -> None: ...
@@ -73,9 +78,14 @@ class DictIndex:
     async def close(self) -> None: ...
 
 
-def make_router(tokens: list[int] | None = None, *, precise: DictIndex | None = None,
-                approx: DictIndex | None = None, registry: EndpointRegistry | None = None,
-                settings: RouterSettings | None = None) -> tuple[Router, DictIndex, InflightLoad]:
+def make_router(
+    tokens: list[int] | None = None,
+    *,
+    precise: DictIndex | None = None,
+    approx: DictIndex | None = None,
+    registry: EndpointRegistry | None = None,
+    settings: RouterSettings | None = None,
+) -> tuple[Router, DictIndex, InflightLoad]:
     registry = registry or EndpointRegistry([Endpoint(A), Endpoint(B)])
     for eid in registry.snapshot():
         registry.scraped(eid, EngineMetrics(running=0, waiting=0, kv_usage=0.1, models=frozenset({"m"})))
@@ -83,11 +93,17 @@ def make_router(tokens: list[int] | None = None, *, precise: DictIndex | None = 
     inflight = InflightLoad(10000.0)
     deps = RouterDeps(
         preparer=FakePreparer(tokens if tokens is not None else list(range(1000))),
-        hasher=fake_hasher, scheme_for=lambda m: HashScheme(), tenant_for=lambda t: Tenant(t),
-        registry=registry, inflight=inflight, precise=precise or DictIndex(), approx=approx,
+        hasher=fake_hasher,
+        scheme_for=lambda m: HashScheme(),
+        tenant_for=lambda t: Tenant(t),
+        registry=registry,
+        inflight=inflight,
+        precise=precise or DictIndex(),
+        approx=approx,
         is_precise=lambda e: False,
         profile=TtftProfile(params=EstimatorParams(prefill_tokens_per_s=10000.0)),
-        metrics=RouterMetrics(CollectorRegistry()), executor=ThreadPoolExecutor(1),
+        metrics=RouterMetrics(CollectorRegistry()),
+        executor=ThreadPoolExecutor(1),
     )
     return Router(deps, settings or RouterSettings(), rng=random.Random(0)), approx, inflight
 

@@ -21,11 +21,20 @@ from extproc.types import (
 )
 
 A, B, C = EndpointId("10.0.0.1:8000"), EndpointId("10.0.0.2:8000"), EndpointId("10.0.0.3:8000")
-PARAMS = EstimatorParams(prefill_tokens_per_s=10000.0, decode_slowdown_per_running=0.0, request_overhead_s=0.0)
+PARAMS = EstimatorParams(
+    prefill_tokens_per_s=10000.0, decode_slowdown_per_running=0.0, request_overhead_s=0.0
+)
 
 
-def cand(eid: EndpointId, cached: int = 0, queued: float = 0.0, *, known: bool = True, kv: float = 0.0,
-         waiting: int = 0) -> Candidate:
+def cand(
+    eid: EndpointId,
+    cached: int = 0,
+    queued: float = 0.0,
+    *,
+    known: bool = True,
+    kv: float = 0.0,
+    waiting: int = 0,
+) -> Candidate:
     load = LoadSnapshot(known=known, queued_prefill_tokens=queued, kv_usage=kv, waiting=waiting)
     return Candidate(Endpoint(eid), load, cached_blocks=cached, precise=True)
 
@@ -40,7 +49,9 @@ def req(tokens: int = 1600, tenant: Tenant | None = None) -> RoutingRequest:
     [(1600, 100, 1584), (1600, 50, 800), (1601, 100, 1600), (0, 5, 0), (16, 1, 0)],
     ids=["all-cached-minus-last-block", "half", "last-token-recomputed", "no-tokens", "single-block"],
 )
-def test_cached_tokens_never_covers_the_last_prompt_token(prompt: int, cached_blocks: int, expected: int) -> None:
+def test_cached_tokens_never_covers_the_last_prompt_token(
+    prompt: int, cached_blocks: int, expected: int
+) -> None:
     assert cached_tokens(cand(A, cached_blocks), prompt, 16) == expected
 
 
@@ -54,11 +65,15 @@ def test_estimate_counts_only_uncached_tokens_and_the_queue_ahead() -> None:
 
 
 def test_unknown_load_is_not_idle() -> None:
-    assert estimate_ttft_s(cand(A, known=False), 1600, 16, PARAMS) > estimate_ttft_s(cand(A), 1600, 16, PARAMS)
+    assert estimate_ttft_s(cand(A, known=False), 1600, 16, PARAMS) > estimate_ttft_s(
+        cand(A), 1600, 16, PARAMS
+    )
 
 
 def test_kv_pressure_adds_delay() -> None:
-    assert estimate_ttft_s(cand(A, kv=0.99), 1600, 16, PARAMS) > estimate_ttft_s(cand(A, kv=0.5), 1600, 16, PARAMS)
+    assert estimate_ttft_s(cand(A, kv=0.99), 1600, 16, PARAMS) > estimate_ttft_s(
+        cand(A, kv=0.5), 1600, 16, PARAMS
+    )
 
 
 TABLE = [
@@ -69,6 +84,8 @@ TABLE = [
     ("warm-but-swamped-spills-to-cold", [cand(A, 99, queued=50000), cand(B, 0)], B, Reason.SPILL),
     ("warm-with-short-queue-still-wins", [cand(A, 99, queued=800), cand(B, 0)], A, Reason.CACHE),
     ("longest-prefix-wins-among-warm", [cand(A, 20), cand(B, 99), cand(C, 50)], B, Reason.CACHE),
+    # The leading-space edit: only the system prompt's block matches; that is cold, so load decides.
+    ("system-prompt-only-is-cold", [cand(A, 1, queued=500), cand(B, 0)], B, Reason.LOAD),
 ]
 
 
@@ -130,18 +147,38 @@ def test_weighted_profile_prefers_prefix_then_queue() -> None:
 
 FILTER_TABLE = [
     ("healthy-only", [Endpoint(A), Endpoint(B, healthy=False)], None, None, {A}),
-    ("model-served", [Endpoint(A, models=frozenset({"m"})), Endpoint(B, models=frozenset({"x"}))], None, None, {A}),
+    (
+        "model-served",
+        [Endpoint(A, models=frozenset({"m"})), Endpoint(B, models=frozenset({"x"}))],
+        None,
+        None,
+        {A},
+    ),
     ("undiscovered-counts", [Endpoint(A), Endpoint(B, models=frozenset({"x"}))], None, None, {A}),
-    ("adapter-served", [Endpoint(A, models=frozenset({"m"}), adapters=frozenset({"lo"})),
-                        Endpoint(B, models=frozenset({"m"}), adapters=frozenset({"other"}))],
-     LoraAdapter("lo", "/p"), None, {A}),
+    (
+        "adapter-served",
+        [
+            Endpoint(A, models=frozenset({"m"}), adapters=frozenset({"lo"})),
+            Endpoint(B, models=frozenset({"m"}), adapters=frozenset({"other"})),
+        ],
+        LoraAdapter("lo", "/p"),
+        None,
+        {A},
+    ),
     ("subset-hint", [Endpoint(A), Endpoint(B)], None, frozenset({B}), {B}),
     ("empty-subset", [Endpoint(A), Endpoint(B)], None, frozenset(), set()),
 ]
 
 
-@pytest.mark.parametrize(("endpoints", "lora", "subset", "expected"), [t[1:] for t in FILTER_TABLE],
-                         ids=[t[0] for t in FILTER_TABLE])
-def test_filters(endpoints: list[Endpoint], lora: LoraAdapter | None, subset: frozenset[EndpointId] | None,
-                 expected: set[EndpointId]) -> None:
+@pytest.mark.parametrize(
+    ("endpoints", "lora", "subset", "expected"),
+    [t[1:] for t in FILTER_TABLE],
+    ids=[t[0] for t in FILTER_TABLE],
+)
+def test_filters(
+    endpoints: list[Endpoint],
+    lora: LoraAdapter | None,
+    subset: frozenset[EndpointId] | None,
+    expected: set[EndpointId],
+) -> None:
     assert {e.id for e in eligible(endpoints, "m", lora, subset)} == expected

@@ -36,8 +36,12 @@ def test_old_kv_usage_name_is_understood() -> None:
 
 @pytest.mark.parametrize(
     "page",
-    ["", "<html>502 Bad Gateway</html>", "vllm:num_requests_running{engine=\"0\"} banana\n",
-     "vllm:num_requests_running 1\n"],
+    [
+        "",
+        "<html>502 Bad Gateway</html>",
+        'vllm:num_requests_running{engine="0"} banana\n',
+        "vllm:num_requests_running 1\n",
+    ],
     ids=["empty", "html", "bad-value", "no-waiting-gauge"],
 )
 def test_garbage_is_a_parse_error_not_idle(page: str) -> None:

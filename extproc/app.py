@@ -1,0 +1,189 @@
+"""Composition root: builds every object from a validated ``RouterConfig`` and owns every background task.
+
+Nothing else constructs long-lived objects or starts loops. ``App.start()`` brings the service up (scraping,
+event subscriptions, tokenizers, the gRPC server, the metrics endpoint); ``App.stop()`` takes it down in reverse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from extproc.backends.inflight import InflightLoad
+from extproc.backends.registry import EndpointRegistry
+from extproc.backends.scraper import Scraper
+from extproc.config import RouterConfig
+from extproc.kvcache.hashing import BlockHasher
+from extproc.kvcache.index import PrefixIndex
+from extproc.kvcache.memory_index import MemoryPrefixIndex
+from extproc.observability import RouterMetrics
+from extproc.pools import SchemeResolver, TenantResolver
+from extproc.prompt.preparer import build_preparer
+from extproc.protocol.exchange import ProcessorOptions
+from extproc.protocol.server import RunningServer, start_server
+from extproc.router import Router, RouterDeps, RouterSettings
+from extproc.scheduling.estimate import EstimatorParams
+from extproc.scheduling.profiles import Profile, TtftProfile, WeightedProfile
+from extproc.types import BlockHash, Endpoint, EndpointId, HashScheme, LoraAdapter
+
+log = logging.getLogger(__name__)
+
+
+class HasherCache:
+    """One ``BlockHasher`` per scheme (hashers keep per-scheme memo state), used as the router's ``Hasher``."""
+
+    def __init__(self) -> None:
+        self._hashers: dict[HashScheme, BlockHasher] = {}
+
+    def __call__(
+        self, scheme: HashScheme, tokens: object, lora: LoraAdapter | None, salt: str | None
+    ) -> list[BlockHash]:
+        hasher = self._hashers.get(scheme)
+        if hasher is None:
+            hasher = self._hashers.setdefault(scheme, BlockHasher(scheme))
+        return hasher.hash_blocks(tokens, lora=lora, cache_salt=salt)  # type: ignore[arg-type]
+
+
+def build_profile(config: RouterConfig) -> Profile:
+    s = config.scheduling
+    params = EstimatorParams(
+        prefill_tokens_per_s=s.prefill_tokens_per_s,
+        decode_slowdown_per_running=s.decode_slowdown_per_running,
+        request_overhead_s=s.request_overhead_s,
+        kv_pressure_threshold=s.kv_pressure_threshold,
+    )
+    if s.profile == "weighted":
+        return WeightedProfile(weights=dict(s.weights), params=params, fallbacks=s.fallbacks)
+    return TtftProfile(
+        params=params,
+        stickiness_s=s.stickiness_s,
+        min_prefix_share=s.min_prefix_share,
+        tie_epsilon_s=s.tie_epsilon_s,
+        fallbacks=s.fallbacks,
+        shed_ttft_s=s.shed_ttft_s,
+    )
+
+
+class App:
+    """The running service. ``grpc_port`` / ``metrics_port`` are the bound ports once started."""
+
+    def __init__(self, config: RouterConfig, *, base_dir: Path | None = None) -> None:
+        self.config = config
+        self._base = base_dir or Path.cwd()
+        endpoints = [Endpoint(EndpointId(e.address), models=frozenset(e.models)) for e in config.endpoints]
+        self.registry = EndpointRegistry(endpoints)
+        self.inflight = InflightLoad(config.scheduling.prefill_tokens_per_s)
+        self.metrics = RouterMetrics(CollectorRegistry())
+        self.precise: PrefixIndex = MemoryPrefixIndex()
+        self.approx: PrefixIndex = MemoryPrefixIndex(capacity_blocks=self._approx_capacity)
+        self.executor = ThreadPoolExecutor(config.limits.tokenizer_workers, thread_name_prefix="tokenize")
+        self.scraper = Scraper(
+            self.registry,
+            {EndpointId(e.address): f"http://{e.address}" for e in config.endpoints},
+            metrics_urls={EndpointId(e.address): e.metrics_url or "" for e in config.endpoints},
+            interval_s=config.scrape.interval_s,
+            timeout_s=config.scrape.timeout_s,
+            discover_interval_s=config.scrape.discover_interval_s,
+            on_scrape=self.inflight.scraped,
+        )
+        self.router = Router(
+            self._router_deps(),
+            RouterSettings(
+                stale_after_s=config.scrape.stale_after_s,
+                lookup_deadline_s=config.index.lookup_deadline_s,
+                approx_ttl_s=config.index.approx_ttl_s,
+                burst_mark_ttl_s=config.index.burst_mark_ttl_s,
+                tenant_header=config.tenants.header.lower(),
+                max_blocks=config.index.max_blocks,
+            ),
+        )
+        self._server: RunningServer | None = None
+        self._metrics_runner: web.AppRunner | None = None
+        self.grpc_port = 0
+        self.metrics_port = 0
+
+    def _approx_capacity(self, eid: EndpointId) -> int:
+        state = self.registry.snapshot().get(eid)
+        known = state.endpoint.num_gpu_blocks if state else None
+        return known or self.config.index.approx_capacity_blocks
+
+    def _router_deps(self) -> RouterDeps:
+        config = self.config
+        self.preparer = build_preparer(config, self._base, self.executor)
+        return RouterDeps(
+            preparer=self.preparer,
+            hasher=HasherCache(),
+            scheme_for=SchemeResolver({m.name: m for m in config.models}, self.registry),
+            tenant_for=TenantResolver(config.tenants),
+            registry=self.registry,
+            inflight=self.inflight,
+            precise=self.precise,
+            approx=self.approx,
+            is_precise=lambda eid: False,
+            profile=build_profile(config),
+            metrics=self.metrics,
+            executor=self.executor,
+        )
+
+    async def start(self) -> None:
+        """Start scraping, serve gRPC (readiness NOT_SERVING until the first scrape round), serve metrics."""
+        listen = self.config.listen
+        await self.scraper.start()
+        failed = await self.preparer.warm_up()
+        for model, error in failed.items():
+            log.warning("tokenizer for %s failed to load (%s): its requests route by load", model, error)
+        options = ProcessorOptions(max_body_bytes=self.config.limits.max_body_bytes)
+        self._server = await start_server(
+            self.router, host=listen.host, port=listen.grpc_port, options=options, ready=False
+        )
+        self.grpc_port = self._server.port
+        if listen.metrics_port is not None:
+            await self._serve_metrics(listen.host, listen.metrics_port)
+        await self._wait_first_scrape(timeout_s=2.0)
+        await self._server.set_ready(True)
+        log.info(
+            "extproc: serving ext_proc on %s:%d, metrics on %s",
+            listen.host,
+            self.grpc_port,
+            self.metrics_port or "off",
+        )
+
+    async def _wait_first_scrape(self, timeout_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
+            if all(s.metrics is not None or s.failures for s in self.registry.snapshot().values()):
+                return
+            await asyncio.sleep(0.02)
+
+    async def _serve_metrics(self, host: str, port: int) -> None:
+        async def handle(_: web.Request) -> web.Response:
+            for eid, state in self.registry.snapshot().items():
+                self.metrics.endpoint_healthy.labels(eid).set(1 if state.endpoint.healthy else 0)
+            body = generate_latest(self.metrics.registry)
+            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+        app = web.Application()
+        app.router.add_get("/metrics", handle)
+        self._metrics_runner = web.AppRunner(app, access_log=None)
+        await self._metrics_runner.setup()
+        site = web.TCPSite(self._metrics_runner, host, port)
+        await site.start()
+        addresses = self._metrics_runner.addresses
+        self.metrics_port = int(addresses[0][1]) if addresses else port
+
+    async def stop(self) -> None:
+        if self._server:
+            await self._server.stop(grace_s=1.0)
+        if self._metrics_runner:
+            await self._metrics_runner.cleanup()
+        await self.scraper.stop()
+        await self.precise.close()
+        await self.approx.close()
+        self.executor.shutdown(wait=False, cancel_futures=True)
