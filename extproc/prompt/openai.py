@@ -6,8 +6,11 @@ we do not check is forwarded and rejected by the engine itself, while a body we 
 is a request lost. It is strict where we need the value (model, messages, prompt, cache_salt, template
 flags).
 
-JSON is decoded by the stdlib ``json`` module from bytes, as FastAPI does for vLLM (UTF-8/16/32 detection,
-``NaN`` accepted, lone surrogates kept); nesting deeper than ``MAX_DEPTH`` is refused.
+Scalars (booleans, integers) and ``prompt`` are validated by pydantic in lax mode, as vLLM's request models
+do, so ``"stream": 1``, ``"add_generation_prompt": "false"`` or ``"prompt": [1.0, true]`` mean what they mean
+to vLLM (``True``, ``False``, ``[1, 1]``). JSON is decoded by the stdlib ``json`` module from bytes, as FastAPI
+does for vLLM (UTF-8/16/32 detection, ``NaN`` accepted, lone surrogates kept); nesting deeper than
+``MAX_DEPTH`` is refused.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
 from extproc.errors import BadRequest, BodyTooLarge, UnsupportedMediaType
 
 MAX_DEPTH = 64
@@ -25,6 +30,13 @@ MAX_DEPTH = 64
 
 CACHE_SALT_MAX_CHARS = 128  # vLLM validate_cache_salt (SPEC §5.1)
 _CACHE_SALT_FORBIDDEN = ("@", "/", "\\", "\x00")
+
+# Immutable validators, built once: pydantic's lax coercions are what vLLM's request models apply.
+_BOOL: TypeAdapter[bool] = TypeAdapter(bool)
+_INT: TypeAdapter[int] = TypeAdapter(int)
+_PROMPT: TypeAdapter[list[int] | list[list[int]] | str | list[str]] = TypeAdapter(
+    list[int] | list[list[int]] | str | list[str]  # vLLM's union, in vLLM's order
+)
 
 Message = Mapping[str, Any]
 Prompt = str | tuple[int, ...]
@@ -155,9 +167,7 @@ def _cache_salt(data: Mapping[str, Any]) -> str | None:
     if salt is None:
         return None
     if not isinstance(salt, str) or not 1 <= len(salt) <= CACHE_SALT_MAX_CHARS:
-        raise BadRequest(
-            f"'cache_salt' must be a string of 1-{CACHE_SALT_MAX_CHARS} chars", param="cache_salt"
-        )
+        raise BadRequest(f"'cache_salt' must be a string of 1-{CACHE_SALT_MAX_CHARS} chars", param="cache_salt")
     if any(ch in salt for ch in _CACHE_SALT_FORBIDDEN):
         raise BadRequest("'cache_salt' must not contain '@', '/', '\\' or NUL", param="cache_salt")
     return salt
@@ -167,18 +177,23 @@ def _opt_bool(data: Mapping[str, Any], name: str, default: bool) -> bool:
     value = data.get(name)
     if value is None:
         return default
-    if not isinstance(value, bool):
-        raise BadRequest(f"'{name}' must be a boolean", param=name)
-    return value
+    try:
+        return _BOOL.validate_python(value)
+    except ValidationError:
+        raise BadRequest(f"'{name}' must be a boolean", param=name) from None
 
 
 def _opt_int(data: Mapping[str, Any], name: str, *, minimum: int) -> int | None:
     value = data.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    try:
+        number = _INT.validate_python(value)
+    except ValidationError:
+        number = minimum - 1
+    if number < minimum:
         raise BadRequest(f"'{name}' must be an integer >= {minimum}", param=name)
-    return value
+    return number
 
 
 def _opt_str(data: Mapping[str, Any], name: str) -> str | None:
@@ -285,24 +300,24 @@ def _parse_completion(data: Mapping[str, Any], common: dict[str, Any]) -> Parsed
 
 
 def _prompts(raw: object) -> tuple[Prompt, ...]:
-    """``str | list[str] | list[int] | list[list[int]]`` as a tuple of prompts."""
-    if isinstance(raw, str):
-        return (raw,)
-    if not isinstance(raw, list) or not raw:
-        raise BadRequest(
-            "'prompt' must be a string, or a non-empty list of strings or token ids", param="prompt"
-        )
-    if all(isinstance(p, str) for p in raw):
-        return tuple(raw)
-    if all(isinstance(p, list) for p in raw):
-        return tuple(_token_ids(p) for p in raw)
-    return (_token_ids(raw),)
+    """``str | list[str] | list[int] | list[list[int]]`` as a tuple of prompts (ids as plain ``int``)."""
+    try:
+        value = _PROMPT.validate_python(raw)
+    except ValidationError:
+        value = []
+    if isinstance(value, str):
+        return (value,)
+    if not value:
+        raise BadRequest("'prompt' must be a string, or a non-empty list of strings or token ids", param="prompt")
+    if isinstance(value[0], str):
+        return tuple(str(p) for p in value)
+    if isinstance(value[0], list):
+        return tuple(_token_ids(p) for p in value)
+    return (_token_ids(value),)
 
 
-def _token_ids(value: list[Any]) -> tuple[int, ...]:
-    # bool is an int subclass but pickles and CBOR-encodes differently from 0/1: refused, as nonsense.
-    if not value or not all(type(t) is int and 0 <= t < 2**63 for t in value):
-        raise BadRequest(
-            "a token-id prompt must be a non-empty list of non-negative integers", param="prompt"
-        )
-    return tuple(value)
+def _token_ids(value: Any) -> tuple[int, ...]:
+    ids = tuple(value)
+    if not ids or not all(0 <= t < 2**63 for t in ids):  # vLLM would refuse them later (out of vocabulary)
+        raise BadRequest("a token-id prompt must be a non-empty list of non-negative integers", param="prompt")
+    return ids

@@ -152,11 +152,12 @@ BAD_CHAT: list[tuple[str, bytes, str | None]] = [
     ("tools-object", body(model="m", messages=MSGS, tools={"a": 1}), "tools"),
     ("tool-str", body(model="m", messages=MSGS, tools=["f"]), "tools"),
     ("kwargs-list", body(model="m", messages=MSGS, chat_template_kwargs=[1]), "chat_template_kwargs"),
-    ("agp-str", body(model="m", messages=MSGS, add_generation_prompt="yes"), "add_generation_prompt"),
+    ("agp-str", body(model="m", messages=MSGS, add_generation_prompt="maybe"), "add_generation_prompt"),
     ("both-flags", body(model="m", messages=MSGS, continue_final_message=True), "continue_final_message"),
-    ("stream-int", body(model="m", messages=MSGS, stream=1), "stream"),
+    ("stream-int", body(model="m", messages=MSGS, stream=2), "stream"),
     ("max-tokens-neg", body(model="m", messages=MSGS, max_tokens=-1), "max_tokens"),
-    ("max-tokens-bool", body(model="m", messages=MSGS, max_tokens=True), "max_tokens"),
+    ("max-tokens-float", body(model="m", messages=MSGS, max_tokens=1.5), "max_tokens"),
+    ("max-tokens-str", body(model="m", messages=MSGS, max_tokens="ten"), "max_tokens"),
     (
         "truncate-below-minus-one",
         body(model="m", messages=MSGS, truncate_prompt_tokens=-2),
@@ -184,8 +185,8 @@ def test_bad_chat_bodies_are_400(raw: bytes, param: str | None) -> None:
 
 @pytest.mark.parametrize(
     "prompt",
-    [None, [], [[]], [1, "a"], [True, 2], [-1], [2**63], ["a", 1], [[1], "a"], [[1, 2], [3.5]], {"a": 1}, 5],
-    ids=["missing", "empty", "empty-inner", "mixed", "bool", "negative", "huge", "str-int", "nested-mixed",
+    [None, [], [[]], [1, "a"], [1.5, 2], [-1], [2**63], ["a", 1], [[1], "a"], [[1, 2], [3.5]], {"a": 1}, 5],
+    ids=["missing", "empty", "empty-inner", "mixed", "fraction", "negative", "huge", "str-int", "nested-mixed",
          "float", "object", "int"],
 )  # fmt: skip
 def test_bad_completion_prompts_are_400(prompt: object) -> None:
@@ -193,6 +194,35 @@ def test_bad_completion_prompts_are_400(prompt: object) -> None:
     with pytest.raises(BadRequest) as info:
         completion(**fields)
     assert info.value.param == "prompt"
+
+
+@pytest.mark.parametrize(
+    ("fields", "attr", "value"),
+    [
+        ({"stream": 1}, "stream", True),
+        ({"stream": "yes"}, "stream", True),
+        ({"add_generation_prompt": "false"}, "add_generation_prompt", False),
+        ({"add_generation_prompt": 0.0, "continue_final_message": "true"}, "continue_final_message", True),
+        ({"max_tokens": True}, "max_tokens", 1),
+        ({"max_tokens": 7.0}, "max_tokens", 7),
+        ({"max_tokens": " 12 "}, "max_tokens", 12),
+    ],
+    ids=["stream-1", "stream-yes", "agp-false-str", "cfm-true-str", "max-tokens-bool", "max-tokens-float",
+         "max-tokens-str"],
+)  # fmt: skip
+def test_pydantic_lax_coercions_as_vllm(fields: dict[str, Any], attr: str, value: object) -> None:
+    assert getattr(chat(**fields), attr) == value
+
+
+@pytest.mark.parametrize(
+    ("prompt", "expected"),
+    [([True, 2], ((1, 2),)), ([1.0, 2], ((1, 2),)), ([[3.0], [False]], ((3,), (0,))), (["1", "2"], ("1", "2"))],
+    ids=["bool-ids", "float-ids", "nested", "digit-strings-stay-text"],
+)
+def test_prompt_coercions_as_vllm(prompt: object, expected: tuple[object, ...]) -> None:
+    prompts = completion(prompt=prompt).prompts
+    assert prompts == expected
+    assert all(type(t) is int for p in prompts if isinstance(p, tuple) for t in p)  # plain ints for hashing
 
 
 @pytest.mark.parametrize(
@@ -275,11 +305,5 @@ def test_fuzz_random_bytes_and_content_types(raw: bytes, kind: RequestKind, ctyp
 @given(depth=st.integers(min_value=1, max_value=3000), opener=st.sampled_from([b"[", b'{"a":']))
 def test_fuzz_deep_nesting(depth: int, opener: bytes) -> None:
     closer = b"]" if opener == b"[" else b"}"
-    raw = (
-        b'{"model": "m", "messages": [{"role": "user"}], "x": '
-        + opener * depth
-        + b"1"
-        + closer * depth
-        + b"}"
-    )
+    raw = b'{"model": "m", "messages": [{"role": "user"}], "x": ' + opener * depth + b"1" + closer * depth + b"}"
     _parse_or_refuse(raw, None, CHAT)
