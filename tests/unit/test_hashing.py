@@ -83,11 +83,7 @@ def test_reference_recipe_with_lora_and_salt(algo: str) -> None:
     """The chain spelled out naively (SPEC §2.7 pseudo-code) equals the optimized one."""
     lora = LoraAdapter("ad", "/p/ad")
     tokens = [5, 151643, 70000, 0, 23, 24, 255, 256, 65535, 65536] * 5
-    ser = (
-        (lambda o: pickle.dumps(o, protocol=5))
-        if algo == "sha256"
-        else (lambda o: cbor2.dumps(o, canonical=True))
-    )
+    ser = (lambda o: pickle.dumps(o, protocol=5)) if algo == "sha256" else (lambda o: cbor2.dumps(o, canonical=True))
     parent = hashlib.sha256(ser("vllm-none-hash")).digest()
     expected = []
     for i in range(0, 48, 8):
@@ -144,9 +140,9 @@ tokens_st = st.lists(
 )
 extras_st = st.one_of(
     st.none(),
-    st.lists(
-        st.tuples(st.sampled_from(["lora", "cache_salt"]), st.text(max_size=40)), min_size=1, max_size=3
-    ).map(tuple),
+    st.lists(st.tuples(st.sampled_from(["lora", "cache_salt"]), st.text(max_size=40)), min_size=1, max_size=3).map(
+        tuple
+    ),
 )
 
 
@@ -169,8 +165,23 @@ def test_fast_cbor_chain_equals_cbor2_chain(tokens: list[int], size: int) -> Non
     hasher = BlockHasher(HashScheme(block_size=size, algo="sha256_cbor"))
     parent, expected = hasher.none_hash(), []
     for i in range(0, len(tokens) - size + 1, size):
-        parent = hashlib.sha256(
-            cbor2.dumps((parent, tuple(tokens[i : i + size]), None), canonical=True)
-        ).digest()
+        parent = hashlib.sha256(cbor2.dumps((parent, tuple(tokens[i : i + size]), None), canonical=True)).digest()
         expected.append(parent)
     assert hasher.hash_digests(tokens) == expected
+
+
+def test_cbor_memo_limit_falls_back_to_direct_encoding(monkeypatch: pytest.MonkeyPatch) -> None:
+    import extproc.kvcache.hashing as hashing
+
+    monkeypatch.setattr(hashing, "_MEMO_LIMIT", 3)
+    hasher = BlockHasher(HashScheme(block_size=4, algo="sha256_cbor"))
+    tokens = list(range(100_000, 100_012))
+    first, second = hasher.hash_blocks(tokens), hasher.hash_blocks(tokens)
+    assert first == second == BlockHasher(HashScheme(block_size=4, algo="sha256_cbor")).hash_blocks(tokens)
+    assert len(hasher._memo) == 3
+
+
+@pytest.mark.parametrize("algo", ["sha256", "sha256_cbor"])
+def test_tuple_and_list_inputs_agree(algo: str) -> None:
+    hasher = BlockHasher(HashScheme(block_size=16, algo=algo))
+    assert hasher.hash_blocks(tuple(SPEC_TOKENS)) == hasher.hash_blocks(SPEC_TOKENS)
