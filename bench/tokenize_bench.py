@@ -55,9 +55,7 @@ def main() -> None:
         parsed = parse_request(raw, "application/json", RequestKind.CHAT)
         tokens = render_and_tokenize_sync(loaded.tokenizer, loaded.info, parsed)
         parse_ms = median_ms(lambda raw=raw: parse_request(raw, None, RequestKind.CHAT), repeat)
-        tok_ms = median_ms(
-            lambda p=parsed: render_and_tokenize_sync(loaded.tokenizer, loaded.info, p), repeat
-        )
+        tok_ms = median_ms(lambda p=parsed: render_and_tokenize_sync(loaded.tokenizer, loaded.info, p), repeat)
         cells = [median_ms(lambda h=h, t=tokens: h.hash_blocks(t), repeat) for h in hashers.values()]
         print(f"{len(tokens):>7} {len(raw) / 1024:>8.0f} {parse_ms:>7.2f} {tok_ms:>9.2f}"
               + "".join(f" {c:>15.2f}" for c in cells))  # fmt: skip

@@ -28,10 +28,17 @@ from __future__ import annotations
 import hashlib
 import pickle
 from collections.abc import Callable, Sequence
+from typing import NewType, cast
 
 import cbor2
 
 from extproc.types import BlockHash, HashScheme, LoraAdapter
+
+BlockDigest = NewType("BlockDigest", bytes)
+"""vLLM's full 32-byte chained block digest (what the engine keys its prefix cache by, before the 64-bit cut).
+
+Kept apart from ``BlockHash`` (the 64-bit event form everything else uses) so the two never mix silently.
+"""
 
 DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
 """vLLM >= 0.29's seed for ``sha256``/``sha256_cbor`` when ``PYTHONHASHSEED`` is unset."""
@@ -149,7 +156,7 @@ class BlockHasher:
         the work (the first ``max_blocks`` blocks). A partial tail block is not hashed, as in vLLM.
         """
         digests = self.hash_digests(token_ids, lora=lora, cache_salt=cache_salt, max_blocks=max_blocks)
-        return [BlockHash(int.from_bytes(d[-8:], "big")) for d in digests]
+        return [BlockHash(int.from_bytes(d[-8:], "big")) for d in digests]  # to_event_int, inlined
 
     def hash_digests(
         self,
@@ -158,7 +165,7 @@ class BlockHasher:
         lora: LoraAdapter | None = None,
         cache_salt: str | None = None,
         max_blocks: int | None = None,
-    ) -> list[bytes]:
+    ) -> list[BlockDigest]:
         """The full 32-byte chained digests of every full block; same contract as ``hash_blocks``."""
         size = self.scheme.block_size
         count = len(token_ids) // size
@@ -172,9 +179,7 @@ class BlockHasher:
             return self._chain_cbor(tokens, size, first, rest)
         return self._chain_pickle(tokens, size, first, rest)
 
-    def _chain_pickle(
-        self, tokens: Sequence[int], size: int, first: ExtraKeys, rest: ExtraKeys
-    ) -> list[bytes]:
+    def _chain_pickle(self, tokens: Sequence[int], size: int, first: ExtraKeys, rest: ExtraKeys) -> list[BlockDigest]:
         sha, dumps = hashlib.sha256, pickle.dumps
         parent = self._none_hash
         out: list[bytes] = []
@@ -183,9 +188,9 @@ class BlockHasher:
             block = (parent, tuple(tokens[start : start + size]), extra)
             parent = sha(dumps(block, protocol=_PICKLE_PROTOCOL)).digest()
             out.append(parent)
-        return out
+        return cast(list[BlockDigest], out)  # NewType without a per-block call
 
-    def _chain_cbor(self, tokens: Sequence[int], size: int, first: ExtraKeys, rest: ExtraKeys) -> list[bytes]:
+    def _chain_cbor(self, tokens: Sequence[int], size: int, first: ExtraKeys, rest: ExtraKeys) -> list[BlockDigest]:
         # Each token's CBOR is looked up once (memoized per hasher), then every block is one join and one
         # SHA-256: about 2x faster than cbor2.dumps per block.
         encoded = self._encode_tokens(tokens)
@@ -200,7 +205,7 @@ class BlockHasher:
             extra = extra_first if start == 0 else extra_rest
             parent = sha(join((prefix, parent, array_head, *encoded[start : start + size], extra))).digest()
             out.append(parent)
-        return out
+        return cast(list[BlockDigest], out)  # NewType without a per-block call
 
     def _encode_tokens(self, tokens: Sequence[int]) -> list[bytes]:
         """Canonical CBOR of each token id, through the memo (plain ints only; see the module docstring)."""

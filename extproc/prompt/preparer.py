@@ -52,9 +52,7 @@ class RequestPreparer:
         Returns {model name: error} for tokenizers that failed to load; never raises for them.
         """
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._executor, self._tokenizer.preload, list(self._models.models.values())
-        )
+        return await loop.run_in_executor(self._executor, self._tokenizer.preload, list(self._models.models.values()))
 
     async def prepare(self, request: HttpRequest) -> PreparedPrompt:
         """Parse, resolve the model, render and tokenize ``request`` (a POST to an OpenAI path).

@@ -101,9 +101,7 @@ def _template_variables(source: str) -> frozenset[str] | None:
         return None
 
 
-def render_and_tokenize_sync(
-    tokenizer: ChatTokenizer, info: TemplateInfo, parsed: ParsedRequest
-) -> list[int]:
+def render_and_tokenize_sync(tokenizer: ChatTokenizer, info: TemplateInfo, parsed: ParsedRequest) -> list[int]:
     """Token ids of ``parsed`` as vLLM computes them. Raises ``TokenizeFailed`` for anything it cannot do.
 
     Completion batches tokenize their first prompt only (the one routing uses); token-id prompts are returned
@@ -147,9 +145,7 @@ def _chat_tokens(tokenizer: ChatTokenizer, info: TemplateInfo, parsed: ParsedReq
     tools = tool_dicts(parsed.tools)
     if not parsed.add_special_tokens:
         return _ids(
-            tokenizer.apply_chat_template(
-                conversation, tools=tools, tokenize=True, return_dict=False, **kwargs
-            )
+            tokenizer.apply_chat_template(conversation, tools=tools, tokenize=True, return_dict=False, **kwargs)
         )
     text = tokenizer.apply_chat_template(conversation, tools=tools, tokenize=False, **kwargs)
     return _ids(tokenizer(text, add_special_tokens=True))
@@ -159,7 +155,7 @@ def _ids(result: Any) -> list[int]:
     ids = result["input_ids"] if isinstance(result, Mapping) or hasattr(result, "keys") else result
     if not isinstance(ids, list) or (ids and isinstance(ids[0], list)):
         raise TokenizeFailed(f"tokenizer returned {type(ids).__name__}, not a flat list of ids")
-    return [int(t) for t in ids]
+    return list(map(int, ids))  # plain ints: the hashing contract
 
 
 def template_kwargs(parsed: ParsedRequest, info: TemplateInfo) -> dict[str, Any]:

@@ -65,9 +65,7 @@ class TokenizerRegistry:
     A failed load is remembered for ``retry_after_s`` so a missing folder does not cost a load per request.
     """
 
-    def __init__(
-        self, cache_root: Path, *, loader: Loader = load_hf_tokenizer, retry_after_s: float = 30.0
-    ) -> None:
+    def __init__(self, cache_root: Path, *, loader: Loader = load_hf_tokenizer, retry_after_s: float = 30.0) -> None:
         self._root = cache_root
         self._loader = loader
         self._retry_after_s = retry_after_s
@@ -112,13 +110,9 @@ class TokenizerRegistry:
         folder = model.tokenizer_dir or model_dir(self._root, model.name)
         try:
             tokenizer = self._loader(folder)
-            info = TemplateInfo.of(
-                tokenizer.chat_template, model.content_format, model.default_chat_template_kwargs
-            )
+            info = TemplateInfo.of(tokenizer.chat_template, model.content_format, model.default_chat_template_kwargs)
         except Exception as exc:  # OSError, ValueError, anything a tokenizer folder can throw at us
-            return _Failure(
-                f"cannot load the tokenizer of {model.name!r} from {folder}: {exc}", time.monotonic()
-            )
+            return _Failure(f"cannot load the tokenizer of {model.name!r} from {folder}: {exc}", time.monotonic())
         return LoadedTokenizer(tokenizer, info)
 
 

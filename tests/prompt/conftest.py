@@ -54,7 +54,5 @@ def executor() -> Iterator[ThreadPoolExecutor]:
 
 
 @pytest.fixture
-async def prompt_tokenizer(
-    registry: TokenizerRegistry, executor: ThreadPoolExecutor
-) -> AsyncIterator[PromptTokenizer]:
+async def prompt_tokenizer(registry: TokenizerRegistry, executor: ThreadPoolExecutor) -> AsyncIterator[PromptTokenizer]:
     yield PromptTokenizer(registry, executor, timeout_s=30.0)

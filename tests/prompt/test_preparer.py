@@ -27,9 +27,7 @@ def http(path: str, payload: Any, content_type: str | None = "application/json")
 
 
 @pytest.fixture
-def preparer(
-    models: ModelRegistry, prompt_tokenizer: PromptTokenizer, executor: ThreadPoolExecutor
-) -> RequestPreparer:
+def preparer(models: ModelRegistry, prompt_tokenizer: PromptTokenizer, executor: ThreadPoolExecutor) -> RequestPreparer:
     return RequestPreparer(models, prompt_tokenizer, executor, max_body_bytes=8 * 1024 * 1024)
 
 

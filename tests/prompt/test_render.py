@@ -72,9 +72,7 @@ def test_template_syntax_in_a_message_is_literal_text(loaded: LoadedTokenizer, t
     ids=["none", "str", "text-parts", "str-and-input-text", "skip-none-refusal", "thinking", "empty-list"],
 )
 def test_string_content_format_joins_text_parts(content: object, expected: str) -> None:
-    assert to_conversation([{"role": "user", "content": content}], STRING) == [
-        {"role": "user", "content": expected}
-    ]
+    assert to_conversation([{"role": "user", "content": content}], STRING) == [{"role": "user", "content": expected}]
 
 
 def test_openai_content_format_keeps_parts_except_for_tools() -> None:
@@ -166,9 +164,7 @@ def test_tools_and_tool_calls_render_like_transformers(loaded: LoadedTokenizer) 
 def test_reasoning_effort_none_disables_thinking(loaded: LoadedTokenizer) -> None:
     case = next(c for c in golden("golden-tokens.json")["cases"] if c["name"] == "no_thinking")
     assert ours(loaded, chat(case["messages"], reasoning_effort="none")) == case["token_ids"]
-    kwargs_win = chat(
-        case["messages"], reasoning_effort="none", chat_template_kwargs={"enable_thinking": True}
-    )
+    kwargs_win = chat(case["messages"], reasoning_effort="none", chat_template_kwargs={"enable_thinking": True})
     assert ours(loaded, kwargs_win) != case["token_ids"]
 
 
@@ -240,9 +236,7 @@ def test_content_format_detection() -> None:
     assert TemplateInfo.of(loop, "string").content_format == "string"
     assert TemplateInfo.of(None).variables == frozenset()
     assert TemplateInfo.of("{% if %}").variables is None
-    generation = (
-        "{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}{{ x }}"
-    )
+    generation = "{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}{{ x }}"
     assert TemplateInfo.of(generation).variables == {"messages", "x"}
 
 

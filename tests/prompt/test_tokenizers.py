@@ -110,9 +110,7 @@ async def test_tokenizer_errors_raise_tokenize_failed(pool: ThreadPoolExecutor) 
 
 async def test_max_pending_bounds_the_queue(pool: ThreadPoolExecutor) -> None:
     pt = make(pool, FakeTokenizer(delay_s=0.1), max_pending=2)
-    results = await asyncio.gather(
-        *(pt.render_and_tokenize(chat(), MODEL) for _ in range(4)), return_exceptions=True
-    )
+    results = await asyncio.gather(*(pt.render_and_tokenize(chat(), MODEL) for _ in range(4)), return_exceptions=True)
     assert sum(isinstance(r, TokenizeFailed) for r in results) == 2
     assert await pt.render_and_tokenize(chat(), MODEL) == [1, 2, 3]  # slots come back
 
@@ -188,9 +186,7 @@ def test_real_tokenizer_folder_missing_is_tokenize_failed(tmp_path: Path) -> Non
         TokenizerRegistry(tmp_path).get(BaseModel("Qwen/Qwen3-0.6B"))
 
 
-async def test_real_tokenizer_is_safe_under_concurrency(
-    prompt_tokenizer: PromptTokenizer, qwen: BaseModel
-) -> None:
+async def test_real_tokenizer_is_safe_under_concurrency(prompt_tokenizer: PromptTokenizer, qwen: BaseModel) -> None:
     """Chats and completions on one shared Qwen3 tokenizer from many threads give the sequential answers."""
     requests = [chat("The report covers revenue. " * (50 + i)) for i in range(6)]
     requests += [completion("Costs and outlook. " * (40 + i)) for i in range(6)]

@@ -34,9 +34,7 @@ def _vectors() -> list[Any]:
 
 def _vector_id(v: dict[str, Any]) -> str:
     lora = "lora" if v["lora"] else "nolora"
-    return (
-        f"{v['case']}-{v['algo']}-seed={v['pythonhashseed']}-B{v['block_size']}-salt={v['cache_salt']}-{lora}"
-    )
+    return f"{v['case']}-{v['algo']}-seed={v['pythonhashseed']}-B{v['block_size']}-salt={v['cache_salt']}-{lora}"
 
 
 VECTORS = _vectors()
@@ -49,9 +47,7 @@ def _hasher_and_args(v: dict[str, Any]) -> tuple[BlockHasher, dict[str, Any]]:
 
 
 def test_golden_file_has_every_combination() -> None:
-    combos = {
-        (v["algo"], v["pythonhashseed"], v["block_size"], v["cache_salt"], bool(v["lora"])) for v in VECTORS
-    }
+    combos = {(v["algo"], v["pythonhashseed"], v["block_size"], v["cache_salt"], bool(v["lora"])) for v in VECTORS}
     assert len(VECTORS) == 168 and len(combos) == 24
 
 
