@@ -1,0 +1,140 @@
+"""What the stack launcher writes for its children: ``vllm-sim`` flags, the picker's YAML, Envoy bootstraps.
+
+Pure functions of plain data; ``bench/stack.py`` does the I/O. The Envoy variants start from
+``extproc.envoy_config.render_bootstrap`` (the one renderer) and edit the rendered dict only where
+``EnvoyOptions`` cannot say what a benchmark needs (several pickers, no ext_proc, an upstream-host header).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from extproc.envoy import keys
+from extproc.envoy.filters import EXT_PROC_FILTER
+from extproc.envoy_config import EnvoyOptions, render_bootstrap
+
+EnvoyKind = Literal["picker", "round_robin", "least_request"]
+"""``picker``: ext_proc (BUFFERED, fail-open) + override_host. The others: Envoy's own balancer, no ext_proc."""
+
+ENVOY_KINDS: tuple[EnvoyKind, ...] = ("picker", "round_robin", "least_request")
+
+UPSTREAM_HOST_HEADER = "x-upstream-host"
+"""Response header every stack Envoy adds: the ``ip:port`` of the backend that served (``%UPSTREAM_HOST%``)."""
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = "Qwen/Qwen3-0.6B"
+TOKENIZER_CACHE = REPO / "tokenizer_cache"
+
+_LB = "envoy.load_balancing_policies"
+_LB_TYPES = {
+    "round_robin": "envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin",
+    "least_request": "envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest",
+}
+
+
+def sim_argv(
+    python: str,
+    *,
+    servers: int,
+    profile: str,
+    block_size: int,
+    max_model_len: int,
+    num_gpu_blocks: int | None,
+    kv_events_port: int | None,
+    extra: tuple[str, ...] = (),
+) -> list[str]:
+    """One ``vllm-sim`` process with ``servers`` servers on free HTTP ports; with ``kv_events_port``, server
+    ``i`` publishes KV events on ``tcp://127.0.0.1:<kv_events_port + i>`` (vLLM's DP-rank offset rule)."""
+    argv = [
+        python, "-m", "vllm_sim", MODEL,
+        "--host", "127.0.0.1", "--port", "0", "--sim-num-servers", str(servers),
+        "--tokenizer", str(TOKENIZER_CACHE / MODEL), "--sim-profile", profile,
+        "--block-size", str(block_size), "--max-model-len", str(max_model_len),
+        "--enable-prompt-tokens-details",
+    ]  # fmt: skip
+    if num_gpu_blocks is not None:
+        argv += ["--num-gpu-blocks-override", str(num_gpu_blocks)]
+    if kv_events_port is not None:
+        events = {"enable_kv_cache_events": True, "endpoint": f"tcp://127.0.0.1:{kv_events_port}"}
+        argv += ["--kv-events-config", json.dumps(events)]
+    return argv + list(extra)
+
+
+def picker_config(
+    endpoints: list[str],
+    kv_events: dict[str, str],
+    *,
+    block_size: int,
+    hash_seed: str,
+    overrides: dict[str, Any],
+) -> dict[str, Any]:
+    """The picker's ``RouterConfig`` as a dict: gRPC and metrics on port 0 (the ready line names them),
+    the in-memory index, ``endpoints`` (with their KV-event PUB endpoint where ``kv_events`` has one).
+
+    ``overrides``: top-level sections merged over the generated ones (dicts merged one level deep).
+    """
+    config: dict[str, Any] = {
+        "listen": {"host": "127.0.0.1", "grpc_port": 0, "metrics_port": 0},
+        "models": [
+            {
+                "name": MODEL,
+                "tokenizer_dir": str(TOKENIZER_CACHE / MODEL),
+                "block_size": block_size,
+                "hash_algo": "sha256",
+                "hash_seed": hash_seed,
+            }
+        ],
+        "endpoints": [
+            {"address": e, **({"kv_events": {"endpoint": kv_events[e]}} if e in kv_events else {})} for e in endpoints
+        ],
+        "tokenizer_cache_dir": str(TOKENIZER_CACHE),
+        "logging": {"level": "WARNING"},
+    }
+    for key, value in overrides.items():
+        base = config.get(key)
+        config[key] = {**base, **value} if isinstance(base, dict) and isinstance(value, dict) else value
+    return config
+
+
+def envoy_bootstrap(kind: EnvoyKind, opts: EnvoyOptions, pickers: list[tuple[str, int]]) -> dict[str, Any]:
+    """The rendered bootstrap for ``kind``, plus the upstream-host response header.
+
+    ``picker``: every picker in ``pickers`` goes into the ext_proc cluster (``EnvoyOptions`` names one).
+    ``round_robin`` / ``least_request``: ``EnvoyOptions`` cannot express "no ext_proc", so the ext_proc
+    filter (and any per-route ext_proc config) is removed from the rendered dict and the model cluster's
+    override_host policy is replaced by the plain balancer: a baseline with no picker in the path at all.
+    """
+    config = copy.deepcopy(render_bootstrap(opts))
+    hcm = _hcm(config)
+    vhost = hcm["route_config"]["virtual_hosts"][0]
+    vhost["response_headers_to_add"] = [
+        {
+            "header": {"key": UPSTREAM_HOST_HEADER, "value": "%UPSTREAM_HOST%"},
+            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+        }
+    ]
+    clusters = {c["name"]: c for c in config["static_resources"]["clusters"]}
+    if kind == "picker":
+        if len(pickers) > 1:
+            lb_endpoints = [_lb_endpoint(host, port) for host, port in pickers]
+            clusters[keys.PICKER_CLUSTER]["load_assignment"]["endpoints"] = [{"lb_endpoints": lb_endpoints}]
+        return config
+    hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] != EXT_PROC_FILTER]
+    for route in vhost["routes"]:
+        route.get("typed_per_filter_config", {}).pop(EXT_PROC_FILTER, None)
+    policy = {"name": f"{_LB}.{kind}", "typed_config": {"@type": f"type.googleapis.com/{_LB_TYPES[kind]}"}}
+    clusters[keys.MODEL_CLUSTER]["load_balancing_policy"] = {"policies": [{"typed_extension_config": policy}]}
+    return config
+
+
+def _hcm(config: dict[str, Any]) -> dict[str, Any]:
+    listener = config["static_resources"]["listeners"][0]
+    hcm: dict[str, Any] = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    return hcm
+
+
+def _lb_endpoint(host: str, port: int) -> dict[str, Any]:
+    return {"endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}}
