@@ -67,7 +67,7 @@ class RequestPreparer:
         try:
             tokens: list[int] | None = await self._tokenizer.render_and_tokenize(parsed, base)
         except TokenizeFailed as exc:
-            log.info("request %s: tokenization failed, routing by load: %s", request.request_id, exc)
+            log.debug("request %s: tokenization failed, routing by load: %s", request.request_id, exc)
             tokens = None
         return PreparedPrompt(
             model=parsed.model, base_model=base.name, lora=lora, cache_salt=parsed.cache_salt,

@@ -6,7 +6,10 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from extproc.errors import RouterError
 from extproc.prompt.openai import ParsedRequest, RequestKind, parse_request
 from extproc.prompt.render import (
     TemplateInfo,
@@ -254,3 +257,48 @@ def test_completion_tokens_and_truncation(loaded: LoadedTokenizer) -> None:
     raw = json.dumps({"model": "m", "prompt": "Hello world", "truncate_prompt_tokens": 1}).encode()
     parsed = parse_request(raw, None, RequestKind.COMPLETION)
     assert ours(loaded, parsed) == loaded.tokenizer("Hello world")["input_ids"][-1:]
+
+
+messages_st = st.lists(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["system", "user", "assistant", "tool", "developer", "other"])},
+        optional={
+            "content": st.none()
+            | st.text(max_size=30)
+            | st.lists(
+                st.text(max_size=10)
+                | st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url", "refusal"])},
+                                        optional={"text": st.none() | st.text(max_size=10)}),
+                max_size=3,
+            ),
+            "tool_calls": st.lists(
+                st.fixed_dictionaries({"function": st.fixed_dictionaries(
+                    {"name": st.text(max_size=5)}, optional={"arguments": st.text(max_size=15) | st.none()})}),
+                max_size=2,
+            ),
+            "reasoning_content": st.text(max_size=10),
+        },
+    ),
+    min_size=1,
+    max_size=5,
+)  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    messages=messages_st,
+    agp=st.booleans(),
+    kwargs=st.dictionaries(st.sampled_from(["enable_thinking", "x"]), st.booleans() | st.none(), max_size=2),
+)
+def test_fuzz_render_returns_ids_or_tokenize_failed(
+    loaded: LoadedTokenizer, messages: list[dict[str, Any]], agp: bool, kwargs: dict[str, Any]
+) -> None:
+    try:
+        parsed = chat(messages, add_generation_prompt=agp, chat_template_kwargs=kwargs)
+    except RouterError:
+        return
+    try:
+        tokens = ours(loaded, parsed)
+    except TokenizeFailed:
+        return
+    assert all(type(t) is int for t in tokens)
