@@ -85,6 +85,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    """Parse flags; a leading non-flag word is the model (``vllm serve MODEL``). Returns unknown flags too."""
+    rest = list(argv)
+    model_tag = rest.pop(0) if rest and not rest[0].startswith("-") else None
+    args, unknown = build_parser().parse_known_args(rest)
+    args.model_tag = model_tag
+    return args, unknown
+
+
 def parse_lora(specs: Sequence[str]) -> tuple[LoraKey, ...]:
     """``name=path`` or ``{"name": ..., "path": ...}``; int ids from 1 in order, as vLLM assigns them."""
     out: list[LoraKey] = []
@@ -129,7 +138,7 @@ def _tokenizer_dir(flag: str | None, model: str) -> Path:
 
 def build_config(args: argparse.Namespace, environ: Mapping[str, str]) -> ServerConfig:
     """Resolve parsed flags and the environment into server 0's config; raises ValueError on bad values."""
-    model = args.model or args.model_tag or DEFAULT_MODEL
+    model = args.model or getattr(args, "model_tag", None) or DEFAULT_MODEL
     kv_events = KVEventsConfig.from_json(args.kv_events_config) if args.kv_events_config else KVEventsConfig()
     timing = get_profile(args.sim_profile).with_overrides(
         args.sim_prefill_tokens_per_s, args.sim_decode_step_s, args.sim_decode_per_seq_s
@@ -170,10 +179,7 @@ async def serve(config: ServerConfig, n: int) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point."""
     parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    model_tag = argv.pop(0) if argv and not argv[0].startswith("-") else None  # `vllm serve MODEL ...`
-    args, unknown = parser.parse_known_args(argv)
-    args.model_tag = model_tag
+    args, unknown = parse_args(sys.argv[1:] if argv is None else argv)
     if unknown:
         print(f"vllm-sim: ignoring unsupported vLLM flags: {' '.join(unknown)}", file=sys.stderr)
     logging.basicConfig(

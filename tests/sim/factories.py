@@ -46,9 +46,7 @@ def make_scheduler(
 ) -> Scheduler:
     pool = BlockPool(num_blocks, block_size, enable_caching=caching, record_events=True)
     hasher = BlockHasher("sha256", DEFAULT_NONE_HASH_SEED, block_size) if caching else None
-    return Scheduler(
-        SchedulerConfig(max_num_seqs, budget, max_loras), KVCacheManager(pool, max_model_len), hasher
-    )
+    return Scheduler(SchedulerConfig(max_num_seqs, budget, max_loras), KVCacheManager(pool, max_model_len), hasher)
 
 
 def run_to_completion(sched: Scheduler, max_steps: int = 1000) -> int:

@@ -40,9 +40,7 @@ def test_golden_files_cover_what_the_issue_lists() -> None:
 @pytest.mark.parametrize("case", _CASES, ids=[c["name"] for c in _CASES])
 def test_tokens_match_golden(tokenizer: PromptTokenizer, case: dict[str, Any]) -> None:
     if case["kind"] == "chat":
-        ids = tokenizer.chat_sync(
-            ChatInput(messages=case["messages"], chat_template_kwargs=case["template_kwargs"])
-        )
+        ids = tokenizer.chat_sync(ChatInput(messages=case["messages"], chat_template_kwargs=case["template_kwargs"]))
     else:
         ids = tokenizer.completion_sync(case["prompt"])
     assert ids == case["token_ids"]

@@ -28,9 +28,7 @@ def test_running_requests_are_served_before_waiting_ones_within_the_budget() -> 
     sched.add(b)
     step = sched.schedule()
     assert [(r.request_id, n) for r, _, n in step.entries] == [(a.request_id, 1), (b.request_id, 9)]
-    assert step.cost() == StepCost(
-        prefill_tokens=9, prefill_attn_pairs=45, decode_seqs=1, decode_ctx_tokens=9
-    )
+    assert step.cost() == StepCost(prefill_tokens=9, prefill_attn_pairs=45, decode_seqs=1, decode_ctx_tokens=9)
 
 
 def test_max_num_seqs_caps_the_running_set() -> None:
