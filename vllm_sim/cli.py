@@ -34,9 +34,7 @@ def _vllm_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="bind address (vLLM's default is all interfaces)")
     p.add_argument("--port", type=int, default=8000, help="HTTP port of server 0 (0: pick a free port)")
     p.add_argument("--served-model-name", nargs="+", default=None, help="names clients use (default: model)")
-    p.add_argument(
-        "--tokenizer", default=None, help="local tokenizer folder (default: tokenizer_cache/<model>)"
-    )
+    p.add_argument("--tokenizer", default=None, help="local tokenizer folder (default: tokenizer_cache/<model>)")
     p.add_argument("--block-size", type=int, default=16, help="KV block size in tokens")
     p.add_argument("--num-gpu-blocks-override", type=int, default=None, help="KV capacity in blocks")
     p.add_argument("--max-num-seqs", type=int, default=1024, help="max running requests (vLLM on H100: 1024)")
@@ -58,19 +56,18 @@ def _vllm_flags(p: argparse.ArgumentParser) -> None:
 def _sim_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("simulator-only")
     g.add_argument("--sim-profile", choices=sorted(PROFILES), default=DEFAULT_PROFILE, help="timing profile")
-    g.add_argument(
-        "--sim-prefill-tokens-per-s", type=float, default=None, help="override: prefill throughput"
-    )
+    g.add_argument("--sim-prefill-tokens-per-s", type=float, default=None, help="override: prefill throughput")
     g.add_argument("--sim-decode-step-s", type=float, default=None, help="override: fixed time per step")
-    g.add_argument(
-        "--sim-decode-per-seq-s", type=float, default=None, help="override: step growth per sequence"
-    )
+    g.add_argument("--sim-decode-per-seq-s", type=float, default=None, help="override: step growth per sequence")
     g.add_argument("--sim-time-scale", type=float, default=1.0, help="multiply every step duration")
-    g.add_argument(
-        "--sim-num-servers", type=int, default=1, help="servers in this process (ports port..port+K-1)"
-    )
+    g.add_argument("--sim-num-servers", type=int, default=1, help="servers in this process (ports port..port+K-1)")
     g.add_argument("--sim-output-len", type=int, default=128, help="tokens until the simulated EOS")
     g.add_argument("--sim-legacy-kv-events", action="store_true", help="array-form events (vLLM <= 0.23)")
+    g.add_argument(
+        "--sim-kv-events-bind",
+        action="store_true",
+        help="bind the KV-event PUB socket even for host endpoints (vLLM would connect to tcp://host:port)",
+    )
     g.add_argument("--sim-log-level", default="WARNING", help="Python logging level")
 
 
@@ -113,9 +110,7 @@ def _engine_config(args: argparse.Namespace, environ: Mapping[str, str], events:
     profile = get_profile(args.sim_profile)
     blocks = args.num_gpu_blocks_override or profile.kv_capacity_tokens // args.block_size + 1
     if args.max_model_len > (blocks - 1) * args.block_size:
-        raise ValueError(
-            f"--max-model-len {args.max_model_len} exceeds the KV capacity of {blocks - 1} blocks"
-        )
+        raise ValueError(f"--max-model-len {args.max_model_len} exceeds the KV capacity of {blocks - 1} blocks")
     return EngineConfig(
         block_size=args.block_size,
         num_gpu_blocks=blocks,
@@ -158,6 +153,7 @@ def build_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Server
             output_len=args.sim_output_len,
             legacy_events=args.sim_legacy_kv_events,
             use_int_block_hashes=environ.get("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1") != "0",
+            kv_events_bind=args.sim_kv_events_bind,
         ),
     )
 
@@ -182,9 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, unknown = parse_args(sys.argv[1:] if argv is None else argv)
     if unknown:
         print(f"vllm-sim: ignoring unsupported vLLM flags: {' '.join(unknown)}", file=sys.stderr)
-    logging.basicConfig(
-        level=args.sim_log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=args.sim_log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = build_config(args, os.environ)
     except (ValueError, KeyError, json.JSONDecodeError) as exc:

@@ -88,6 +88,7 @@ class SimOptions:
     output_len: int = 128
     legacy_events: bool = False
     use_int_block_hashes: bool = True
+    kv_events_bind: bool = False  # bind the PUB even where vLLM would connect (tcp://127.0.0.1:port)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +114,4 @@ class ServerConfig:
 
     def for_index(self, index: int) -> ServerConfig:
         """Server ``index`` of a multi-server process: port + index, event endpoints offset by index."""
-        return replace(
-            self, port=self.port + index if self.port else 0, kv_events=self.kv_events.for_index(index)
-        )
+        return replace(self, port=self.port + index if self.port else 0, kv_events=self.kv_events.for_index(index))

@@ -85,12 +85,8 @@ class Engine:
     ) -> None:
         self.cfg = cfg
         self.timing = timing
-        self.pool = BlockPool(
-            cfg.num_gpu_blocks, cfg.block_size, cfg.enable_prefix_caching, cfg.record_events
-        )
-        hasher = (
-            BlockHasher(cfg.hash_algo, cfg.hash_seed, cfg.block_size) if cfg.enable_prefix_caching else None
-        )
+        self.pool = BlockPool(cfg.num_gpu_blocks, cfg.block_size, cfg.enable_prefix_caching, cfg.record_events)
+        hasher = BlockHasher(cfg.hash_algo, cfg.hash_seed, cfg.block_size) if cfg.enable_prefix_caching else None
         self.scheduler = Scheduler(cfg.scheduler, KVCacheManager(self.pool, cfg.max_model_len), hasher)
         self._events = events
         self._observer = observer

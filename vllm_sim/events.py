@@ -174,9 +174,7 @@ class EventEncoder:
             return self._stored(rec)
         if isinstance(rec, Removed):
             cls = LegacyBlockRemoved if self._legacy else BlockRemoved
-            return cls(
-                block_hashes=[self._hash(rec.block_hash)], medium=MEDIUM_GPU, group_idx=self._group_idx
-            )
+            return cls(block_hashes=[self._hash(rec.block_hash)], medium=MEDIUM_GPU, group_idx=self._group_idx)
         return LegacyAllBlocksCleared() if self._legacy else AllBlocksCleared()
 
     def encode_structs(self, events: list[Any], ts: float, rank: int = 0) -> bytes:

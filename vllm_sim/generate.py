@@ -107,9 +107,7 @@ class GenerateHandlers:
             self._cfg.enable_prompt_tokens_details,
         )
 
-    async def _stream(
-        self, request: web.Request, req: SimRequest, params: GenParams, chat: bool
-    ) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, req: SimRequest, params: GenParams, chat: bool) -> web.StreamResponse:
         resp = web.StreamResponse(headers=_SSE_HEADERS)
         await resp.prepare(request)
         created, rid, model = int(time.time()), req.request_id, params.model

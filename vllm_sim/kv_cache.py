@@ -28,9 +28,7 @@ from vllm_sim.request import SimRequest
 class BlockPool:
     """Block allocation, reference counting, the prefix-cache map and LRU eviction."""
 
-    def __init__(
-        self, num_gpu_blocks: int, block_size: int, enable_caching: bool, record_events: bool
-    ) -> None:
+    def __init__(self, num_gpu_blocks: int, block_size: int, enable_caching: bool, record_events: bool) -> None:
         if num_gpu_blocks < 2:
             raise ValueError("num_gpu_blocks must be at least 2 (block 0 is the null block)")
         self.num_gpu_blocks = num_gpu_blocks
@@ -131,9 +129,7 @@ class BlockPool:
                     block_size=bs,
                     lora_id=lora.int_id if lora else None,
                     lora_name=lora.name if lora else None,
-                    extra_keys=[
-                        block_extra_keys(i, lora, req.cache_salt) for i in range(start, num_full_blocks)
-                    ],
+                    extra_keys=[block_extra_keys(i, lora, req.cache_salt) for i in range(start, num_full_blocks)],
                 )
             )
 

@@ -139,9 +139,7 @@ class _EngineCollector(Collector):
         yield self._counter(
             "vllm:num_preemptions", "Cumulative number of preemption from the engine.", stats.num_preemptions
         )
-        yield self._counter(
-            "vllm:prompt_tokens", "Number of prefill tokens processed.", self._totals["prompt"]
-        )
+        yield self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.", self._totals["prompt"])
         yield self._counter(
             "vllm:generation_tokens", "Number of generation tokens processed.", self._totals["generation"]
         )

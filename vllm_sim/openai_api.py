@@ -77,9 +77,7 @@ def parse_gen_params(body: dict[str, Any], default_model: str, chat: bool) -> Ge
         max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
     min_tokens = _opt_int(body, "min_tokens", 0) or 0
     if max_tokens is not None and min_tokens > max_tokens:
-        raise ApiError(
-            400, f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}."
-        )
+        raise ApiError(400, f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}.")
     if _opt_int(body, "n", 1) not in (None, 1):
         raise ApiError(400, "vllm-sim supports n=1 only")
     stream = _bool(body, "stream", False)
@@ -160,9 +158,7 @@ def check_prompt_len(num_tokens: int, max_tokens: int | None, max_model_len: int
         )
 
 
-def resolve_output_len(
-    params: GenParams, prompt_len: int, max_model_len: int, natural_len: int
-) -> tuple[int, bool]:
+def resolve_output_len(params: GenParams, prompt_len: int, max_model_len: int, natural_len: int) -> tuple[int, bool]:
     """How many tokens to generate, and whether the last is EOS (finish "stop") rather than a length cut."""
     cap = max_model_len - prompt_len
     limit = cap if params.max_tokens is None else min(params.max_tokens, cap)
@@ -185,9 +181,7 @@ def usage(prompt: int, completion: int, cached: int, details: bool) -> dict[str,
     return out
 
 
-def completion_body(
-    rid: str, model: str, text: str, finish: str | None, use: dict[str, Any]
-) -> dict[str, Any]:
+def completion_body(rid: str, model: str, text: str, finish: str | None, use: dict[str, Any]) -> dict[str, Any]:
     """A non-streaming ``/v1/completions`` response."""
     choice = {
         "index": 0,

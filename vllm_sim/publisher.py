@@ -37,8 +37,11 @@ class ZmqEventPublisher:
     """PUB + optional ROUTER replay for one server. Call :meth:`start` inside the event loop, :meth:`close`
     after."""
 
-    def __init__(self, cfg: KVEventsConfig, encoder: EventEncoder, ctx: zmq.asyncio.Context) -> None:
+    def __init__(
+        self, cfg: KVEventsConfig, encoder: EventEncoder, ctx: zmq.asyncio.Context, force_bind: bool = False
+    ) -> None:
         self.cfg = cfg
+        self._force_bind = force_bind
         self._encoder = encoder
         self._ctx = ctx
         self._topic = cfg.topic.encode("utf-8")
@@ -55,7 +58,7 @@ class ZmqEventPublisher:
         pub = self._ctx.socket(zmq.PUB)
         pub.set_hwm(self.cfg.hwm)
         pub.setsockopt(zmq.LINGER, 0)
-        if is_bind_endpoint(self.cfg.endpoint):
+        if self._force_bind or is_bind_endpoint(self.cfg.endpoint):
             pub.bind(self.cfg.endpoint)
             self.endpoint = _resolved(pub, self.cfg.endpoint)
         else:
@@ -93,9 +96,7 @@ class ZmqEventPublisher:
             identity, start = frames[0], int.from_bytes(frames[2], "big")
             for seq, payload in list(self._buffer):
                 if seq >= start:
-                    await self._router.send_multipart(
-                        (identity, b"", self._topic, seq.to_bytes(8, "big"), payload)
-                    )
+                    await self._router.send_multipart((identity, b"", self._topic, seq.to_bytes(8, "big"), payload))
             await self._router.send_multipart((identity, b"", b"", END_SEQ, b""))
 
     async def close(self) -> None:

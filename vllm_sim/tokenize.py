@@ -25,9 +25,7 @@ from typing import Any
 import msgspec
 
 # Keys a client may not override through chat_template_kwargs (they would break the call itself).
-_RESERVED_KWARGS = frozenset(
-    {"conversation", "messages", "tokenize", "return_dict", "tools", "chat_template"}
-)
+_RESERVED_KWARGS = frozenset({"conversation", "messages", "tokenize", "return_dict", "tools", "chat_template"})
 
 
 class TemplateError(ValueError):
@@ -85,9 +83,7 @@ class TokenCache:
 class PromptTokenizer:
     """One tokenizer folder, loaded offline, plus its result cache. Shared by every server of one model."""
 
-    def __init__(
-        self, path: str | Path, executor: Executor | None = None, cache: TokenCache | None = None
-    ) -> None:
+    def __init__(self, path: str | Path, executor: Executor | None = None, cache: TokenCache | None = None) -> None:
         from transformers import AutoTokenizer  # heavy import, deferred to construction
 
         self._tok: Any = AutoTokenizer.from_pretrained(str(path), local_files_only=True)

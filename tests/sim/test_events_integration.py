@@ -145,3 +145,25 @@ async def test_connect_mode_raw_hashes_and_k_servers(tokenizer: PromptTokenizer)
     finally:
         await sub.close()
         ctx.term()
+
+
+async def test_sim_kv_events_bind_binds_a_host_endpoint(tokenizer: PromptTokenizer) -> None:
+    """``--sim-kv-events-bind``: the PUB binds tcp://127.0.0.1:port (vLLM itself would connect there)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    kv = {"enable_kv_cache_events": True, "endpoint": f"tcp://127.0.0.1:{port}", "topic": TOPIC}
+    cfg = sim_config("--sim-kv-events-bind", "--kv-events-config", msgspec.json.encode(kv).decode())
+    ctx = zmq.asyncio.Context()
+    sub = Subscriber(ctx, f"tcp://127.0.0.1:{port}")
+    try:
+        async with SimCluster(cfg, tokenizer=tokenizer) as cluster:
+            await asyncio.sleep(0.3)
+            await _complete(cluster.urls[0], list(range(1000, 1040)))
+            _, seq, events = await sub.recv()
+            assert seq == 0 and events[0]["block_hashes"] == SPEC_HASHES
+    finally:
+        await sub.close()
+        ctx.term()
