@@ -8,18 +8,24 @@ Used two ways by the router:
 
 Data shapes::
 
-    _blocks: {block_hash: {endpoint: expires_at}}        # expires_at = math.inf when stored without ttl
-    _lru:    {endpoint: OrderedDict[block_hash, None]}   # least recently stored first
+    _masks: {block_hash: holders}                  # bit b set <=> the endpoint holding bit b has this block
+    _eps:   {endpoint: _Endpoint(bit, lru, ...)}   # lru: OrderedDict[block_hash, expires_at], oldest first;
+                                                   # expires_at = math.inf when stored without ttl
 
-Costs: ``match`` is O(matched blocks × requested endpoints); ``store``/``remove`` are O(len(hashes)) plus
-amortised O(1) per eviction; ``clear`` is O(that endpoint's entries).
+``match`` ANDs the requested endpoints' bits with each block's holders, running at C speed
+(``accumulate`` over ``map``), and stops at the first block nobody requested still holds; each endpoint's
+run length is then a binary search over the non-increasing running masks. Cost: O(matched blocks) big-int
+ANDs + O(endpoints × log blocks), i.e. within the O(matched blocks × endpoints) budget with a tiny constant.
+
+Expiry without slowing ``match`` down: an endpoint whose entries were stored with non-decreasing expiries
+(the normal case: one TTL for the approximate index, or no TTL) keeps its LRU in expiry order, so dropping
+expired entries from the LRU's old end makes its bits exact; ``match`` does that first for each requested
+endpoint (amortised O(1) per expired entry). An endpoint that was ever given an earlier expiry than before
+(mixed TTLs) is checked per block instead (slower, still exact) until it is emptied.
 
 LRU order within one ``store`` call: the *tail* blocks count as older than the head blocks, so that capacity
 eviction drops a prompt's last blocks first and keeps its prefix (vLLM frees a request's blocks tail first for
 the same reason). Across calls, the least recently stored call is evicted first.
-
-Expired entries are ignored by ``match`` immediately and reclaimed lazily: ``store`` drops expired entries
-from the old end of the endpoint's LRU, and capacity eviction reclaims the rest.
 
 All methods are synchronous under the hood (no awaits inside), so concurrent coroutines never observe a
 half-applied call. Not thread-safe: use it from one event loop.
@@ -30,12 +36,28 @@ from __future__ import annotations
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from itertools import accumulate, repeat, takewhile
+from operator import and_
 
 from extproc.types import BlockHash, EndpointId
 
 CapacityFn = Callable[[EndpointId], int | None]
 """Per-endpoint capacity in blocks (``None`` = unbounded), e.g. the endpoint's ``num_gpu_blocks``."""
+
+_ABSENT = -1.0  # sentinel for OrderedDict.pop (real values are expiries)
+
+
+class _Endpoint:
+    """One endpoint's entries: its bit in the holder masks and its LRU of ``{block_hash: expires_at}``."""
+
+    __slots__ = ("bit", "lru", "max_expires", "ordered")
+
+    def __init__(self, bit: int) -> None:
+        self.bit = bit
+        self.lru: OrderedDict[BlockHash, float] = OrderedDict()
+        self.max_expires = -math.inf
+        self.ordered = True  # expiries are non-decreasing along the LRU
 
 
 class MemoryPrefixIndex:
@@ -56,11 +78,13 @@ class MemoryPrefixIndex:
             raise ValueError(f"capacity_blocks must be >= 0, got {capacity_blocks}")
         self._capacity = capacity_blocks
         self._clock = clock
-        self._blocks: dict[BlockHash, dict[EndpointId, float]] = {}
-        self._lru: dict[EndpointId, OrderedDict[BlockHash, None]] = {}
-        self._ttl_seen = False  # once any entry had a ttl, match checks expiry (the precise index never does)
+        self._masks: dict[BlockHash, int] = {}
+        self._eps: dict[EndpointId, _Endpoint] = {}
+        self._by_bit: list[EndpointId | None] = []  # bit -> endpoint
+        self._free_bits: list[int] = []
+        self._ttl_seen = False  # until an entry has a ttl, match never reads the clock
 
-    # -- PrefixIndex -------------------------------------------------------------------------------
+    # -- PrefixIndex -------------------------------------------------------------------------------------------
 
     async def match(
         self, hashes: Sequence[BlockHash], endpoints: Collection[EndpointId]
@@ -84,36 +108,48 @@ class MemoryPrefixIndex:
 
     async def close(self) -> None:
         """Drop all entries."""
-        self._blocks.clear()
-        self._lru.clear()
+        self._masks.clear()
+        self._eps.clear()
+        self._by_bit.clear()
+        self._free_bits.clear()
 
-    # -- synchronous core --------------------------------------------------------------------------
+    # -- synchronous core --------------------------------------------------------------------------------------
 
     def match_sync(
         self, hashes: Sequence[BlockHash], endpoints: Collection[EndpointId]
     ) -> dict[EndpointId, int]:
-        """Synchronous ``match``: walk from block 0, keeping the endpoints that hold every block so far."""
-        alive = {e for e in endpoints if e in self._lru}
-        depth = 0  # blocks matched by every endpoint still in ``alive``
-        result: dict[EndpointId, int] = {}
+        """Synchronous ``match``."""
         now = self._clock() if self._ttl_seen else math.inf
-        for h in hashes:
-            if not alive:
-                break
-            holders = self._blocks.get(h)
-            if holders is None:
-                break
-            still = alive & holders.keys()  # C-speed; iterates the smaller side
-            if self._ttl_seen:
-                still = {e for e in still if holders[e] > now}
-            if depth:
-                for gone in alive - still:
-                    result[gone] = depth
-            alive = still
-            depth += 1
-        if depth:
-            for e in alive:
-                result[e] = depth
+        want = 0
+        slow: list[_Endpoint] = []  # endpoints whose expiry must be checked per block
+        for e in set(endpoints):
+            ep = self._eps.get(e)
+            if ep is not None and self._ttl_seen:
+                if ep.ordered:
+                    self._drop_expired_head(e, ep, now)
+                    ep = self._eps.get(e)  # it may have emptied
+                else:
+                    slow.append(ep)
+            if ep is not None:
+                want |= 1 << ep.bit
+        if not want or not hashes:
+            return {}
+        masks: Iterable[int]
+        if slow:
+            masks = (self._unexpired_mask(h, slow, now) for h in hashes)
+        else:
+            masks = map(self._masks.get, hashes, repeat(0))
+        # runs[k] = the requested endpoints holding every one of blocks 0..k-1 (runs[0] = all requested).
+        runs = list(takewhile(bool, accumulate(masks, and_, initial=want)))
+        result: dict[EndpointId, int] = {}
+        bits = runs[1] if len(runs) > 1 else 0  # endpoints holding block 0 at least (the rest are omitted)
+        while bits:
+            low = bits & -bits
+            bit = low.bit_length() - 1
+            bits ^= low
+            endpoint = self._by_bit[bit]
+            if endpoint is not None:
+                result[endpoint] = _held_prefix(runs, low) - 1
         return result
 
     def store_sync(
@@ -126,50 +162,65 @@ class MemoryPrefixIndex:
         expires = math.inf if ttl_s is None else now + ttl_s
         if ttl_s is not None:
             self._ttl_seen = True
-        lru = self._lru.get(endpoint)
-        if lru is None:
-            lru = self._lru[endpoint] = OrderedDict()
-        # Reverse: the head block ends up most recently used, so the tail is evicted first.
+        ep = self._eps.get(endpoint) or self._add_endpoint(endpoint)
+        if expires < ep.max_expires:
+            ep.ordered = False
+        else:
+            ep.max_expires = expires
+        lru, masks, bit = ep.lru, self._masks, 1 << ep.bit
+        # Reversed: the head block ends up most recently used, so the tail is evicted first.
         for h in reversed(hashes):
-            holders = self._blocks.get(h)
-            if holders is None:
-                holders = self._blocks[h] = {}
-            holders[endpoint] = expires
             if h in lru:
                 lru.move_to_end(h)
             else:
-                lru[h] = None
-        self._reclaim(endpoint, lru, now)
+                masks[h] = masks.get(h, 0) | bit
+            lru[h] = expires
+        cap = self._capacity_for(endpoint)
+        if cap is not None:
+            while len(lru) > cap:
+                self._unset(lru.popitem(last=False)[0], bit)
+        if ep.ordered:
+            self._drop_expired_head(endpoint, ep, now)
+        elif not lru:
+            self._release(endpoint, ep)
 
     def remove_sync(self, endpoint: EndpointId, hashes: Sequence[BlockHash]) -> None:
         """Synchronous ``remove``."""
-        lru = self._lru.get(endpoint)
-        if lru is None:
+        ep = self._eps.get(endpoint)
+        if ep is None:
             return
+        lru, bit = ep.lru, 1 << ep.bit
         for h in hashes:
-            if lru.pop(h, 0) is None:  # present (values are None)
-                self._drop_holder(h, endpoint)
+            if lru.pop(h, _ABSENT) != _ABSENT:
+                self._unset(h, bit)
         if not lru:
-            del self._lru[endpoint]
+            self._release(endpoint, ep)
 
     def clear_sync(self, endpoint: EndpointId) -> None:
         """Synchronous ``clear``."""
-        lru = self._lru.pop(endpoint, None)
-        if lru is None:
+        ep = self._eps.get(endpoint)
+        if ep is None:
             return
-        for h in lru:
-            self._drop_holder(h, endpoint)
+        bit = 1 << ep.bit
+        for h in ep.lru:
+            self._unset(h, bit)
+        ep.lru.clear()
+        self._release(endpoint, ep)
 
     def entries(self, endpoint: EndpointId) -> int:
         """How many blocks ``endpoint`` has in the index (expired but not yet reclaimed ones included)."""
-        lru = self._lru.get(endpoint)
-        return 0 if lru is None else len(lru)
+        ep = self._eps.get(endpoint)
+        return 0 if ep is None else len(ep.lru)
 
     def endpoints(self) -> frozenset[EndpointId]:
         """Endpoints with at least one entry."""
-        return frozenset(self._lru)
+        return frozenset(self._eps)
 
-    # -- internals ---------------------------------------------------------------------------------
+    def blocks(self) -> int:
+        """Distinct block hashes held by anyone."""
+        return len(self._masks)
+
+    # -- internals ---------------------------------------------------------------------------------------------
 
     def _capacity_for(self, endpoint: EndpointId) -> int | None:
         cap = self._capacity
@@ -177,26 +228,57 @@ class MemoryPrefixIndex:
             return cap
         return cap(endpoint)
 
-    def _reclaim(self, endpoint: EndpointId, lru: OrderedDict[BlockHash, None], now: float) -> None:
-        """Evict beyond capacity, then drop expired entries at the old end of the LRU (amortised O(1))."""
-        cap = self._capacity_for(endpoint)
-        if cap is not None:
-            while len(lru) > cap:
-                h, _ = lru.popitem(last=False)
-                self._drop_holder(h, endpoint)
+    def _add_endpoint(self, endpoint: EndpointId) -> _Endpoint:
+        if self._free_bits:
+            bit = self._free_bits.pop()
+            self._by_bit[bit] = endpoint
+        else:
+            bit = len(self._by_bit)
+            self._by_bit.append(endpoint)
+        ep = self._eps[endpoint] = _Endpoint(bit)
+        return ep
+
+    def _release(self, endpoint: EndpointId, ep: _Endpoint) -> None:
+        """An endpoint with no entries gives its bit back (no mask has it set any more)."""
+        del self._eps[endpoint]
+        self._by_bit[ep.bit] = None
+        self._free_bits.append(ep.bit)
+
+    def _drop_expired_head(self, endpoint: EndpointId, ep: _Endpoint, now: float) -> None:
+        """For an expiry-ordered LRU: drop expired entries from the old end (amortised O(1) each)."""
+        lru, bit = ep.lru, 1 << ep.bit
         while lru:
             h = next(iter(lru))
-            if self._blocks[h][endpoint] > now:
+            if lru[h] > now:
                 break
-            lru.popitem(last=False)
-            self._drop_holder(h, endpoint)
+            del lru[h]
+            self._unset(h, bit)
         if not lru:
-            del self._lru[endpoint]
+            self._release(endpoint, ep)
 
-    def _drop_holder(self, h: BlockHash, endpoint: EndpointId) -> None:
-        holders = self._blocks.get(h)
-        if holders is None:
-            return
-        holders.pop(endpoint, None)
-        if not holders:
-            del self._blocks[h]
+    def _unexpired_mask(self, h: BlockHash, slow: list[_Endpoint], now: float) -> int:
+        mask = self._masks.get(h, 0)
+        for ep in slow:
+            bit = 1 << ep.bit
+            if mask & bit and ep.lru[h] <= now:
+                mask &= ~bit
+        return mask
+
+    def _unset(self, h: BlockHash, bit: int) -> None:
+        mask = self._masks[h] & ~bit
+        if mask:
+            self._masks[h] = mask
+        else:
+            del self._masks[h]
+
+
+def _held_prefix(runs: list[int], bit: int) -> int:
+    """How many of ``runs`` (non-increasing sets, as masks) contain ``bit``: they form a prefix, so bisect."""
+    lo, hi = 0, len(runs)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if runs[mid] & bit:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo

@@ -93,10 +93,8 @@ BACKENDS = ["memory", "redis"]
 
 @pytest.fixture(params=BACKENDS)
 async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
-    if request.param == "memory":
-        h = _memory_harness()
-    else:
-        h = _redis_harness(request.getfixturevalue("valkey_url"))
+    redis = request.param == "redis"
+    h = _redis_harness(request.getfixturevalue("valkey_url")) if redis else _memory_harness()
     try:
         yield h
     finally:

@@ -207,6 +207,23 @@ async def test_large_inputs(harness: Harness) -> None:
     assert nz(await index.match(blocks, [E1, E2])) == {E2: 5000}
 
 
+async def test_many_endpoints_each_with_its_own_run(harness: Harness) -> None:
+    """20 endpoints (more than any small-set fast path), endpoint i holding the first i blocks."""
+    index = await harness.make()
+    blocks = chain(25)
+    eps = [EndpointId(f"10.1.0.{i}:8000") for i in range(20)]
+    for i, e in enumerate(eps):
+        await index.store(e, blocks[:i])
+    await index.store(eps[19], blocks[5:6], ttl_s=harness.ttl_unit_s)  # block 5 will expire on eps[19]
+    expected = {e: i for i, e in enumerate(eps) if i}
+    assert nz(await index.match(blocks, eps)) == expected
+    assert nz(await index.match(blocks, eps[::-1] + eps)) == expected  # order and duplicates do not matter
+    await harness.advance(harness.ttl_unit_s * 1.5)
+    assert nz(await index.match(blocks, eps)) == {**expected, eps[19]: 5}
+    assert nz(await index.match(blocks, eps[15:])) == {eps[15]: 15, eps[16]: 16, eps[17]: 17, eps[18]: 18,
+                                                       eps[19]: 5}  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "values",
     [
