@@ -1,0 +1,98 @@
+"""``extproc demo`` end to end (real Envoy, the picker, simulated backends), in a small configuration.
+
+The facts checked are the backends' own: which backend served (Envoy's upstream-host header) and the
+``cached_tokens`` each reported. The demo runs as a child process, as a user would run it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.envoy, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+BLOCK = 16
+_ROW = re.compile(r"^\s*(\d+)\s+(\w+)\s+(.+?)\s+(\d+)\s+(b\d+)\s+(\d+)\s+([\d.]+)\s+(b\d+)\s+(\d+)\s+([\d.]+)\s*$")
+
+
+@dataclass(frozen=True)
+class Side:
+    backend: str
+    cached: int
+    ttft_ms: float
+
+
+@dataclass(frozen=True)
+class Row:
+    user: str
+    what: str
+    tokens: int
+    picker: Side
+    round_robin: Side
+
+
+def parse_rows(stdout: str) -> list[Row]:
+    rows = []
+    for line in stdout.splitlines():
+        m = _ROW.match(line)
+        if m:
+            g = m.groups()
+            rows.append(Row(g[1], g[2], int(g[3]), Side(g[4], int(g[5]), float(g[6])),
+                            Side(g[7], int(g[8]), float(g[9]))))  # fmt: skip
+    return rows
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def demo_output(tmp_path_factory: pytest.TempPathFactory) -> str:
+    workdir = tmp_path_factory.mktemp("demo")
+    cmd = [sys.executable, "-m", "extproc.cli", "demo", "--backends", "2", "--requests", "6",
+           "--profile", "fast", "--workdir", str(workdir)]  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_one_line_per_request_with_both_sides_and_a_summary(demo_output: str) -> None:
+    rows = parse_rows(demo_output)
+    assert [r.user for r in rows] == ["alice", "bob", "alice", "carol", "alice", "bob"], demo_output
+    assert all(2000 <= r.tokens <= 4000 for r in rows if r.user == "alice")
+    assert re.search(r"through the picker\s+mean TTFT\s+[\d.]+ ms\s+cached tokens\s+\d+", demo_output)
+    assert re.search(r"Envoy round robin\s+mean TTFT\s+[\d.]+ ms\s+cached tokens\s+\d+", demo_output)
+
+
+def test_the_second_question_about_the_document_hits_the_first_backends_cache(demo_output: str) -> None:
+    summary, conclusion = parse_rows(demo_output)[0], parse_rows(demo_output)[2]
+    assert conclusion.what == "report: conclusion"
+    assert conclusion.picker.backend == summary.picker.backend
+    # Everything but the last partial block and the question differs from nothing: nearly the whole prompt.
+    assert conclusion.picker.cached >= conclusion.tokens - 3 * BLOCK, conclusion
+
+
+def test_the_leading_space_variant_has_only_the_system_prompt_block_cached(demo_output: str) -> None:
+    spaced = parse_rows(demo_output)[4]
+    assert spaced.what == "report: edits (leading space)"
+    assert spaced.picker.cached <= BLOCK
+    assert spaced.round_robin.cached <= BLOCK
+
+
+def test_every_process_is_stopped(demo_output: str) -> None:
+    m = re.search(r"^(\d+) processes stopped \(pids ([\d ]+)\)", demo_output, re.MULTILINE)
+    assert m, demo_output
+    pids = [int(p) for p in m.group(2).split()]
+    assert len(pids) == int(m.group(1)) == 4  # one vllm-sim (2 servers), one picker, two Envoys
+    assert not [pid for pid in pids if _alive(pid)]
