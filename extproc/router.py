@@ -34,6 +34,7 @@ from extproc.types import (
     LoadSnapshot,
     LoraAdapter,
     PassThrough,
+    PreparedPrompt,
     Route,
     RoutingRequest,
     Tenant,
@@ -46,18 +47,6 @@ HEADER_REASON = "x-router-reason"
 HEADER_CACHED = "x-router-cached-tokens"
 HEADER_PROMPT = "x-router-prompt-tokens"
 _INLINE_HASH_BLOCKS = 256  # longer prompts are hashed off the event loop
-
-
-@dataclass(frozen=True, slots=True)
-class PreparedPrompt:
-    """A request understood: which model/adapter, its cache salt, and its token ids (None: tokenizer failed)."""
-
-    model: str
-    base_model: str
-    lora: LoraAdapter | None
-    cache_salt: str | None
-    token_ids: Sequence[int] | None
-    parse_s: float = 0.0  # of the prepare step, the time spent parsing the body (the rest is render+tokenize)
 
 
 class Preparer(Protocol):

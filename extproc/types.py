@@ -154,3 +154,15 @@ class Route:
 @dataclass(frozen=True, slots=True)
 class PassThrough:
     """No decision: leave the request untouched (Envoy's own fallback balancing applies)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedPrompt:
+    """A request understood: which model/adapter, its cache salt, and its token ids (None: tokenizer failed)."""
+
+    model: str
+    base_model: str
+    lora: LoraAdapter | None
+    cache_salt: str | None
+    token_ids: Sequence[int] | None
+    parse_s: float = 0.0  # of the prepare step, the time spent parsing the body (the rest is render+tokenize)

@@ -18,8 +18,7 @@ from extproc.errors import BadRequest
 from extproc.prompt.models import Adapter, BaseModel, ModelRegistry
 from extproc.prompt.openai import ParsedRequest, kind_for_path, parse_request
 from extproc.prompt.tokenizers import PromptTokenizer, TokenizeFailed, TokenizerRegistry
-from extproc.router import PreparedPrompt
-from extproc.types import HashScheme, HttpRequest, LoraAdapter
+from extproc.types import HashScheme, HttpRequest, LoraAdapter, PreparedPrompt
 
 log = logging.getLogger(__name__)
 

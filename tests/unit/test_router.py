@@ -14,7 +14,7 @@ from extproc.backends.vllm_metrics import EngineMetrics
 from extproc.errors import BadRequest, NoEndpoint
 from extproc.kvcache.index import IndexUnavailable
 from extproc.observability import RouterMetrics
-from extproc.router import PreparedPrompt, Router, RouterDeps, RouterSettings
+from extproc.router import Router, RouterDeps, RouterSettings
 from extproc.scheduling.estimate import EstimatorParams
 from extproc.scheduling.profiles import TtftProfile
 from extproc.types import (
@@ -25,6 +25,7 @@ from extproc.types import (
     HttpRequest,
     LoraAdapter,
     PassThrough,
+    PreparedPrompt,
     Route,
     Tenant,
 )
