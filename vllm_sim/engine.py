@@ -1,11 +1,11 @@
 """The engine loop of one simulated server: schedule, wait out the step's modelled time, update, publish.
 
-Steps run on a virtual timeline. A step starts when the previous one ended (or when a request arrives at an
-idle engine) and lasts ``timing.step_time_s(cost) * time_scale``; the loop sleeps until that absolute
-deadline,
-so wake-up lag does not accumulate. If the process falls more than ``max_lag_s`` behind (CPU saturated), the
-timeline is re-anchored to the wall clock. Each request keeps the model's own arrival, first-token and finish
-times, so a benchmark can compare them with what a client measured (``GET /sim/requests``).
+Steps run on a virtual timeline. A step starts when the previous one ended, or at the arrival of the newest
+request it admits if that is later (an idle engine), and lasts ``timing.step_time_s(cost) * time_scale``;
+the loop sleeps until that absolute deadline, so wake-up lag does not accumulate. If the process falls more
+than ``max_lag_s`` behind (CPU saturated), the timeline is re-anchored to the wall clock. Each request keeps
+the model's own arrival, first-token and finish times, so a benchmark can compare them with what a client
+measured (``GET /sim/requests``).
 """
 
 from __future__ import annotations
@@ -155,8 +155,7 @@ class Engine:
         while True:
             if not self.scheduler.has_work():
                 self._wake.clear()
-                await self._wake.wait()
-                deadline = loop.time()
+                await self._wake.wait()  # the next step starts at the newest arrival (below)
             step = self.scheduler.schedule()
             if not step.entries:
                 log.error("engine stalled with %d waiting requests", len(self.scheduler.waiting))

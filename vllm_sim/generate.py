@@ -50,6 +50,9 @@ class GenerateHandlers:
         return await self._handle(request, chat=True)
 
     async def _prepare(self, request: web.Request, chat: bool) -> tuple[GenParams, SimRequest]:
+        # Arrival is when the request reached us: tokenizing it overlaps the modelled GPU time (as vLLM's
+        # frontend overlaps the engine), so the simulator's own CPU work does not add to the model's TTFT.
+        arrival_s = asyncio.get_running_loop().time()
         body = await read_json(request)
         params = parse_gen_params(body, self._cfg.model_name, chat)
         lora = self._fe.resolve_model(params.model)
@@ -64,7 +67,7 @@ class GenerateHandlers:
             eos_at_end=eos,
             lora=lora,
             cache_salt=params.cache_salt,
-            arrival_s=asyncio.get_running_loop().time(),
+            arrival_s=arrival_s,
             sink=OutputStream(streaming=params.stream),
             filler=self._fe.filler,
             eos_token_id=self._fe.tokenizer.eos_token_id,
