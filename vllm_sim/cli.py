@@ -62,7 +62,11 @@ def _sim_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sim-time-scale", type=float, default=1.0, help="multiply every step duration")
     g.add_argument("--sim-num-servers", type=int, default=1, help="servers in this process (ports port..port+K-1)")
     g.add_argument("--sim-output-len", type=int, default=128, help="tokens until the simulated EOS")
-    g.add_argument("--sim-legacy-kv-events", action="store_true", help="array-form events (vLLM <= 0.23)")
+    g.add_argument(
+        "--sim-legacy-kv-events",
+        action="store_true",
+        help="array-form events (vLLM <= 0.23) and topic-less replay frames (<= 0.25)",
+    )
     g.add_argument(
         "--sim-kv-events-bind",
         action="store_true",

@@ -92,7 +92,8 @@ class Engine:
         self._observer = observer
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._log: OrderedDict[str, SimRequest] = OrderedDict()
+        # {request id: live request, or its compact record once finished}; bounded, oldest dropped first
+        self._log: OrderedDict[str, SimRequest | dict[str, Any]] = OrderedDict()
 
     # --- lifecycle
 
@@ -126,6 +127,7 @@ class Engine:
     def abort(self, req: SimRequest) -> None:
         """Drop a request whose client went away."""
         self.scheduler.abort(req)
+        self._retire(req)
         self._flush_events()
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
@@ -140,7 +142,17 @@ class Engine:
 
     def records(self, ids: list[str]) -> dict[str, dict[str, Any]]:
         """Model-side timings of recent requests by id (unknown ids are left out)."""
-        return {i: request_record(self._log[i]) for i in ids if i in self._log}
+        out: dict[str, dict[str, Any]] = {}
+        for i in ids:
+            entry = self._log.get(i)
+            if entry is not None:
+                out[i] = request_record(entry) if isinstance(entry, SimRequest) else entry
+        return out
+
+    def _retire(self, req: SimRequest) -> None:
+        """Swap a finished request for its compact record (drops its token lists)."""
+        if req.request_id in self._log:
+            self._log[req.request_id] = request_record(req)
 
     # --- the loop
 
@@ -174,6 +186,8 @@ class Engine:
         obs = self._observer
         for req, token, reason in outputs:
             req.sink.push(token, reason)
+            if reason is not None:
+                self._retire(req)
             if obs is None:
                 continue
             if req.num_output_tokens == 1 and req.first_token_s is not None:

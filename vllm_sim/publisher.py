@@ -1,9 +1,10 @@
 """ZMQ transport for KV events, framed as vLLM ≥ 0.26's ``ZmqEventPublisher``.
 
 * PUB frames: ``[topic utf-8, seq (8-byte big-endian, from 0 per publisher), payload]``.
-* Replay: a ROUTER socket (always bound) answers ``[identity, b"", start_seq8]`` with one
+* Replay (vLLM >= 0.26): a ROUTER socket (always bound) answers ``[identity, b"", start_seq8]`` with one
   ``[identity, b"", topic, seq8, payload]`` per buffered batch with ``seq >= start``, then the end marker
-  ``[identity, b"", b"", ff*8, b""]``. Only the last ``buffer_steps`` batches are kept.
+  ``[identity, b"", b"", ff*8, b""]``. Only the last ``buffer_steps`` batches are kept. With ``legacy_replay``
+  (vLLM <= 0.25) the topic frame is absent from both.
 * The PUB socket binds when the endpoint contains ``*`` or ``::`` or is ``ipc://``/``inproc://``, else
   connects.
 
@@ -38,10 +39,17 @@ class ZmqEventPublisher:
     after."""
 
     def __init__(
-        self, cfg: KVEventsConfig, encoder: EventEncoder, ctx: zmq.asyncio.Context, force_bind: bool = False
+        self,
+        cfg: KVEventsConfig,
+        encoder: EventEncoder,
+        ctx: zmq.asyncio.Context,
+        force_bind: bool = False,
+        legacy_replay: bool = False,
     ) -> None:
         self.cfg = cfg
         self._force_bind = force_bind
+        # vLLM <= 0.25 replied [b"", seq, payload] and ended with [b"", ff*8, b""] (no topic frame)
+        self._reply_prefix: tuple[bytes, ...] = () if legacy_replay else (self._topic_bytes(cfg),)
         self._encoder = encoder
         self._ctx = ctx
         self._topic = cfg.topic.encode("utf-8")
@@ -52,6 +60,10 @@ class ZmqEventPublisher:
         self._replay_task: asyncio.Task[None] | None = None
         self.endpoint = cfg.endpoint
         self.replay_endpoint = cfg.replay_endpoint
+
+    @staticmethod
+    def _topic_bytes(cfg: KVEventsConfig) -> bytes:
+        return cfg.topic.encode("utf-8")
 
     def start(self) -> None:
         """Open the sockets (binding or connecting) and start serving replay requests."""
@@ -96,8 +108,10 @@ class ZmqEventPublisher:
             identity, start = frames[0], int.from_bytes(frames[2], "big")
             for seq, payload in list(self._buffer):
                 if seq >= start:
-                    await self._router.send_multipart((identity, b"", self._topic, seq.to_bytes(8, "big"), payload))
-            await self._router.send_multipart((identity, b"", b"", END_SEQ, b""))
+                    reply = (identity, b"", *self._reply_prefix, seq.to_bytes(8, "big"), payload)
+                    await self._router.send_multipart(reply)
+            end = (b"",) if self._reply_prefix else ()
+            await self._router.send_multipart((identity, b"", *end, END_SEQ, b""))
 
     async def close(self) -> None:
         """Stop replay and close both sockets."""

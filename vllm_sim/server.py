@@ -35,7 +35,9 @@ class SimServer:
         self.publisher: ZmqEventPublisher | None = None
         if cfg.kv_events.active:
             encoder = EventEncoder(cfg.sim.use_int_block_hashes, cfg.sim.legacy_events)
-            self.publisher = ZmqEventPublisher(cfg.kv_events, encoder, zmq_ctx, cfg.sim.kv_events_bind)
+            self.publisher = ZmqEventPublisher(
+                cfg.kv_events, encoder, zmq_ctx, cfg.sim.kv_events_bind, legacy_replay=cfg.sim.legacy_events
+            )
         self.engine = Engine(cfg.engine, cfg.timing, events=self.publisher)
         self.metrics = ServerMetrics(cfg, self.engine)
         self.engine.set_observer(self.metrics)

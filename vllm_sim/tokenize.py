@@ -57,7 +57,7 @@ def _flatten_content(message: dict[str, Any]) -> dict[str, Any]:
 class TokenCache:
     """LRU of token-id lists bounded by total tokens held (not by entries)."""
 
-    def __init__(self, max_tokens: int = 2_000_000) -> None:
+    def __init__(self, max_tokens: int = 1_000_000) -> None:
         self._max_tokens = max_tokens
         self._held = 0
         self._entries: OrderedDict[bytes, list[int]] = OrderedDict()

@@ -167,3 +167,28 @@ async def test_sim_kv_events_bind_binds_a_host_endpoint(tokenizer: PromptTokeniz
     finally:
         await sub.close()
         ctx.term()
+
+
+async def test_legacy_array_events_and_topicless_replay(tokenizer: PromptTokenizer, tmp_path: Path) -> None:
+    pub, replay = f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/replay"
+    kv = {"enable_kv_cache_events": True, "endpoint": pub, "replay_endpoint": replay, "topic": TOPIC}
+    cfg = sim_config("--sim-legacy-kv-events", "--kv-events-config", msgspec.json.encode(kv).decode())
+    ctx = zmq.asyncio.Context()
+    sub = Subscriber(ctx, pub)
+    try:
+        async with SimCluster(cfg, tokenizer=tokenizer) as cluster:
+            await asyncio.sleep(0.3)
+            await _complete(cluster.urls[0], list(range(1000, 1040)))
+            _, seq, events = await sub.recv()
+            assert events[0][:3] == ["BlockStored", SPEC_HASHES, None] and len(events[0]) == 12
+            dealer = ctx.socket(zmq.DEALER)
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.connect(replay)
+            await dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+            frames = [await asyncio.wait_for(dealer.recv_multipart(), 5) for _ in range(2)]
+            dealer.close()
+            assert frames[0][:2] == [b"", (0).to_bytes(8, "big")] and len(frames[0]) == 3
+            assert frames[1] == [b"", b"\xff" * 8, b""]
+    finally:
+        await sub.close()
+        ctx.term()
