@@ -105,7 +105,7 @@ async def stream_chat(session: aiohttp.ClientSession, url: str, text: str, max_t
     return rid, ttft
 
 
-async def capacity(sim: Sim, prompt_tokens: int, n: int, concurrency: int) -> dict[str, float]:
+async def capacity(sim: Sim, prompt_tokens: int, n: int, concurrency: int, out_tokens: int = 16) -> dict[str, float]:
     """Closed loop: ``concurrency`` clients round-robin over the 8 servers until ``n`` requests are done."""
     texts = [prompt_text(i + prompt_tokens, prompt_tokens) for i in range(n)]
     queue: asyncio.Queue[int] = asyncio.Queue()
@@ -115,7 +115,7 @@ async def capacity(sim: Sim, prompt_tokens: int, n: int, concurrency: int) -> di
     async def worker(session: aiohttp.ClientSession) -> None:
         while not queue.empty():
             i = queue.get_nowait()
-            await stream_chat(session, sim.urls[i % SERVERS], texts[i], 16)
+            await stream_chat(session, sim.urls[i % SERVERS], texts[i], out_tokens)
 
     cpu0, t0 = sim.cpu_s(), time.perf_counter()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
@@ -153,14 +153,19 @@ async def main(quick: bool) -> None:
     print(f"vllm-sim benchmark: {SERVERS} servers in one process, {os.cpu_count()} CPUs on this machine\n")
     sim = start_sim("--sim-profile", "fast", "--num-gpu-blocks-override", "40000")
     try:
-        rows = [(1024, await capacity(sim, 1024, int(400 * scale), 16)),
-                (16384, await capacity(sim, 16384, int(64 * scale), 8))]  # fmt: skip
+        rows = [(1024, 16, await capacity(sim, 1024, int(400 * scale), 16)),
+                (16384, 16, await capacity(sim, 16384, int(64 * scale), 8)),
+                (1024, 256, await capacity(sim, 1024, int(100 * scale), 32, out_tokens=256))]  # fmt: skip
     finally:
         sim.stop()
-    print("Capacity (fast profile, streaming chat, unique prompts, 16 output tokens)")
-    print(f"{'prompt':>8} {'achieved req/s':>15} {'sim CPU ms/req':>15} {'req/s per sim core':>19} {'sim CPU':>8}")
-    for tokens, r in rows:
-        print(f"{tokens:>8} {r['req_s']:>15.1f} {r['cpu_ms']:>15.2f} {r['per_core']:>19.1f} {r['cpu_util']:>7.0%}")
+    print("Capacity (fast profile, streaming chat, unique prompts)")
+    print(f"{'prompt':>8} {'output':>7} {'achieved req/s':>15} {'sim CPU ms/req':>15} {'req/s per sim core':>19} "
+          f"{'sim CPU':>8}")  # fmt: skip
+    for tokens, out, r in rows:
+        print(f"{tokens:>8} {out:>7} {r['req_s']:>15.1f} {r['cpu_ms']:>15.2f} {r['per_core']:>19.1f} "
+              f"{r['cpu_util']:>7.0%}")  # fmt: skip
+    per_token_us = 1000 * (rows[2][2]["cpu_ms"] - rows[0][2]["cpu_ms"]) / (256 - 16)
+    print(f"=> about {per_token_us:.0f} us of simulator CPU per streamed output token")
 
     sim = start_sim()  # default h100-llama3-8b profile
     try:
