@@ -1,0 +1,31 @@
+"""``python -m bench.picker_latency --quick`` at the smallest size: the tables and goals print (no timing
+assertions: this box is shared and noisy)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.envoy
+@pytest.mark.slow
+def test_quick_run_prints_the_latency_and_phase_tables() -> None:
+    cmd = [sys.executable, "-m", "bench.picker_latency", "--quick", "--sizes", "1K", "--concurrency", "1",
+           "--backends", "2"]  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240, check=False)
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert "End to end through Envoy" in out
+    row = re.search(r"^\s*(\d+)\s+1\s+(\d+) \|(.+)\|\s+\d+% \| 0/0$", out, re.MULTILINE)
+    assert row, out
+    assert 900 <= int(row.group(1)) <= 1100  # "1K" = a ~1024-token chat prompt
+    assert int(row.group(2)) >= 20
+    phases = re.search(r"^\s*\d+\s+1 \|(.+)$", out.split("router_pick_phase_seconds")[1], re.MULTILINE)
+    assert phases and phases.group(1).count("/") == 6, out  # parse tokenize hash lookup score total
+    assert re.search(r"c=1: added p50 -?[\d.]+ ms \(goal <= 3 ms at 1K tokens\): (met|NOT met)", out)
