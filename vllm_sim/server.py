@@ -72,7 +72,8 @@ class SimServer:
         if self.publisher is not None:
             self.publisher.start()
         self.engine.start()
-        self._runner = web.AppRunner(self.build_app(), access_log=None, handle_signals=False)
+        # handler_cancellation: a client that goes away cancels its handler, which aborts its request (as vLLM)
+        self._runner = web.AppRunner(self.build_app(), access_log=None, handle_signals=False, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port, reuse_address=True)
         await site.start()

@@ -209,3 +209,28 @@ async def test_kv_event_sources_disabled_by_default(base: str) -> None:
 
     _, text = await _get(f"{base}/kv_event_sources")
     assert json.loads(text)["0"]["enable_kv_cache_events"] is False
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "non-stream"])
+async def test_client_disconnect_aborts_the_request_and_frees_its_blocks(
+    tokenizer: PromptTokenizer, stream: bool
+) -> None:
+    import asyncio
+
+    cfg = sim_config("--sim-decode-step-s", "0.01")
+    async with SimCluster(cfg, tokenizer=tokenizer) as cluster:
+        engine = cluster.servers[0].engine
+        body = {"prompt": list(range(1000, 1100)), "max_tokens": 1000, "ignore_eos": True, "stream": stream}
+
+        async def call(s: aiohttp.ClientSession) -> None:
+            async with s.post(f"{cluster.urls[0]}/v1/completions", json=body) as r:
+                await r.read()
+
+        async with aiohttp.ClientSession() as s:
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(call(s), timeout=0.3)
+        for _ in range(100):
+            if not engine.scheduler.running:
+                break
+            await asyncio.sleep(0.02)
+        assert not engine.scheduler.running and engine.pool.usage() == 0.0
