@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from extproc.kvcache import redis_index
 from extproc.kvcache.index import IndexUnavailable
 from extproc.kvcache.redis_index import RedisPrefixIndex
 from extproc.types import BlockHash, EndpointId
@@ -20,7 +19,7 @@ E1, E2 = EndpointId("10.0.0.1:8000"), EndpointId("10.0.0.2:8000")
 
 
 def hs(n: int, base: int = 1) -> list[BlockHash]:
-    return [BlockHash((base + i) * 0x9E3779B97F4A7C15 % 2**64) for i in range(n)]
+    return [BlockHash((base + i) % 2**64) for i in range(n)]
 
 
 @pytest.fixture
@@ -68,24 +67,32 @@ async def test_keys_share_the_namespace_hash_tag(valkey_url: str) -> None:
     raw = aioredis.Redis.from_url(valkey_url)
     try:
         await idx.store(E1, hs(5))
+        assert await raw.keys(f"{{{ns}}}*") == [f"{{{ns}}}:h:{E1}".encode()]  # precise: one HASH
+        await idx.store(E2, hs(5), ttl_s=60)
         keys = await raw.keys(f"{{{ns}}}*")
-        assert len(keys) == 6  # 5 block hashes + 1 reverse index
-        assert all(k.startswith(f"{{{ns}}}:".encode()) for k in keys)
+        assert sorted(keys) == sorted(f"{{{ns}}}:{k}:{e}".encode() for k, e in [("h", E1), ("h", E2), ("z", E2)])
         await idx.clear(E1)
+        await idx.clear(E2)
         assert await raw.keys(f"{{{ns}}}*") == []  # nothing left behind
     finally:
         await raw.aclose()
         await idx.close()
 
 
-async def test_clear_in_slices(index: RedisPrefixIndex, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(redis_index, "_CLEAR_SLICE", 100)
-    blocks = hs(1050)
-    await index.store(E1, blocks)
-    await index.store(E2, blocks)
-    await index.clear(E1)
-    assert await index.entries(E1) == 0
-    assert await index.match(blocks, [E1, E2]) == {E2: 1050}
+async def test_clear_is_one_command(valkey_url: str) -> None:
+    client = CountingClient.from_url(valkey_url)
+    client.sent = []
+    idx = RedisPrefixIndex(client, namespace=f"k{uuid.uuid4().hex[:8]}")
+    try:
+        await idx.store(E1, hs(20_000), ttl_s=60)
+        await idx.store(E2, hs(100))
+        client.sent.clear()
+        await idx.clear(E1)
+        assert client.sent == ["UNLINK"]
+        assert await idx.entries(E1) == 0
+        assert await idx.match(hs(100), [E1, E2]) == {E2: 100}
+    finally:
+        await idx.close()
 
 
 async def test_expired_entries_are_reclaimed_by_later_stores(index: RedisPrefixIndex) -> None:
@@ -147,3 +154,36 @@ async def test_server_gone_mid_use_raises_index_unavailable() -> None:
             await idx.match(hs(3), [E1])
     finally:
         await idx.close()
+
+
+@pytest.mark.parametrize("capacity", [None, 5])
+@pytest.mark.parametrize("seed", range(3))
+async def test_random_capacity_operations_agree_with_the_reference(
+    index: RedisPrefixIndex, seed: int, capacity: int | None
+) -> None:
+    """Same model as the memory backend's randomized test (no TTLs: real time would make it flaky)."""
+    import random
+
+    from .test_memory_index import Clock, ReferenceIndex
+
+    index._capacity = capacity
+    rng = random.Random(seed)
+    ref = ReferenceIndex(capacity, Clock())
+    universe = hs(10, base=2**64 - 10)
+    eps = [EndpointId(f"e{i}:1") for i in range(4)]
+    for _ in range(120):
+        op, e = rng.random(), rng.choice(eps)
+        picked = rng.sample(universe, rng.randint(0, 5))
+        if op < 0.45:
+            await index.store(e, picked)
+            ref.store(e, picked, None)
+        elif op < 0.55:
+            await index.remove(e, picked)
+            ref.remove(e, picked)
+        elif op < 0.6:
+            await index.clear(e)
+            ref.held.pop(e, None)
+        else:
+            query = universe[: rng.randint(0, 10)]
+            asked = rng.sample(eps, rng.randint(0, 4))
+            assert await index.match(query, asked) == ref.match(query, asked)
