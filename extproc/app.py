@@ -101,6 +101,7 @@ class App:
                 burst_mark_ttl_s=config.index.burst_mark_ttl_s,
                 tenant_header=config.tenants.header.lower(),
                 max_blocks=config.index.max_blocks,
+                track_served=not config.protocol.close_after_pick,
             ),
         )
         self._server: RunningServer | None = None
@@ -138,7 +139,10 @@ class App:
         failed = await self.preparer.warm_up()
         for model, error in failed.items():
             log.warning("tokenizer for %s failed to load (%s): its requests route by load", model, error)
-        options = ProcessorOptions(max_body_bytes=self.config.limits.max_body_bytes)
+        options = ProcessorOptions(
+            max_body_bytes=self.config.limits.max_body_bytes,
+            close_after_pick=self.config.protocol.close_after_pick,
+        )
         self._server = await start_server(
             self.router, host=listen.host, port=listen.grpc_port, options=options, ready=False
         )

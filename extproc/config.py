@@ -130,6 +130,14 @@ class ListenConfig(_Strict):
     metrics_port: int | None = Field(9090, ge=0, lt=65536, description="Prometheus; None = off")
 
 
+class ProtocolConfig(_Strict):
+    close_after_pick: bool = Field(
+        True,
+        description="end the ext_proc stream once the pick is sent; False (GIE gateways) keeps it open so the "
+        "response headers can report the endpoint that really served",
+    )
+
+
 class LoggingConfig(_Strict):
     level: str = "INFO"
     log_prompts: bool = Field(False, description="include prompt text in logs (off: privacy)")
@@ -144,6 +152,7 @@ class RouterConfig(_Strict):
     tenants: TenantsConfig = TenantsConfig()
     index: IndexConfig = IndexConfig()
     limits: LimitsConfig = LimitsConfig()
+    protocol: ProtocolConfig = ProtocolConfig()
     logging: LoggingConfig = LoggingConfig()
     tokenizer_cache_dir: str = "tokenizer_cache"
 

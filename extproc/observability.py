@@ -39,6 +39,12 @@ class RouterMetrics:
             ["index"],
             registry=registry,
         )
+        self.served = Counter(
+            "router_served",
+            "Requests whose served endpoint Envoy reported: the primary pick, or a fallback",
+            ["outcome"],
+            registry=registry,
+        )
         self.endpoint_healthy = Gauge(
             "router_endpoint_healthy", "1 if the endpoint is eligible", ["endpoint"], registry=registry
         )

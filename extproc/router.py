@@ -12,6 +12,7 @@ import json
 import logging
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ HEADER_REASON = "x-router-reason"
 HEADER_CACHED = "x-router-cached-tokens"
 HEADER_PROMPT = "x-router-prompt-tokens"
 _INLINE_HASH_BLOCKS = 256  # longer prompts are hashed off the event loop
+_SERVED_MEMORY = 1024  # picks remembered until Envoy reports the served endpoint (oldest forgotten first)
 
 
 class Preparer(Protocol):
@@ -70,6 +72,7 @@ class RouterSettings:
     burst_mark_ttl_s: float = 2.0
     tenant_header: str = "x-gateway-inference-fairness-id"
     max_blocks: int = 8192
+    track_served: bool = False  # remember picks so ``on_served`` can compare (GIE response path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +109,8 @@ class Router:
         self._rng = rng or random.Random()
         self._clock = clock
         self._background: set[asyncio.Task[None]] = set()
+        # {request_id: (primary pick, its block hashes)}, bounded by _SERVED_MEMORY
+        self._picked: OrderedDict[str, tuple[EndpointId, Sequence[BlockHash]]] = OrderedDict()
 
     async def route(self, request: HttpRequest) -> Route | PassThrough:
         """Decide where ``request`` goes. Raises RouterError (mapped to an HTTP error by the adapter)."""
@@ -121,6 +126,8 @@ class Router:
             )
             raise
         self._record(routing, decision)
+        if self._s.track_served:
+            self._remember(request.request_id, decision.endpoints[0], routing.block_hashes)
         timer.mark("total_end")
         self._observe(request, routing, decision, timer)
         return Route(
@@ -227,6 +234,30 @@ class Router:
         if routing.block_hashes:
             ttl = self._s.burst_mark_ttl_s if self._d.is_precise(pick) else self._s.approx_ttl_s
             self._spawn(self._d.approx.store(pick, routing.block_hashes, ttl_s=ttl))
+
+    def _remember(self, request_id: str, pick: EndpointId, hashes: Sequence[BlockHash]) -> None:
+        self._picked[request_id] = (pick, hashes)
+        if len(self._picked) > _SERVED_MEMORY:
+            self._picked.popitem(last=False)
+
+    def on_served(self, request_id: str, endpoint: EndpointId) -> None:
+        """Envoy reports the endpoint that really served ``request_id`` (GIE "destination endpoint served").
+
+        When: on the response headers, if ``track_served`` is on and the stream was kept open. A fallback
+        (served != primary pick) is counted and logged, and the prompt's blocks are recorded as cached on the
+        endpoint that served them.
+        """
+        entry = self._picked.pop(request_id, None)
+        if entry is None:
+            return
+        pick, hashes = entry
+        if endpoint == pick:
+            self._d.metrics.served.labels("picked").inc()
+            return
+        self._d.metrics.served.labels("fallback").inc()
+        log.info(json.dumps({"request_id": request_id, "picked": pick, "served": endpoint}))
+        if hashes and endpoint in self._d.registry.snapshot():
+            self._spawn(self._d.approx.store(endpoint, hashes, ttl_s=self._s.approx_ttl_s))
 
     def _spawn(self, coro: object) -> None:
         async def run() -> None:
