@@ -150,6 +150,11 @@ class _EngineCollector(Collector):
         )
         info.add_metric(list(cache_config_labels(self._cfg).values()), 1.0)
         yield info
+        success = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
+                                      labels=[*_LABELS, "finished_reason"])  # fmt: skip
+        for reason in ("stop", "length"):
+            success.add_metric([*self._values, reason], self._totals[f"finished_{reason}"])
+        yield success
         if self._cfg.lora_modules:
             yield self._lora_info()
 
@@ -171,7 +176,7 @@ class ServerMetrics:
 
     def __init__(self, cfg: ServerConfig, engine: Engine) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self._totals = {"prompt": 0, "generation": 0}
+        self._totals = {"prompt": 0, "generation": 0, "finished_stop": 0, "finished_length": 0}
         self.registry.register(_EngineCollector(cfg, engine, self._totals))
         labels: dict[str, Any] = {"model_name": cfg.model_name, "engine": "0"}
         self._ttft = Histogram(
@@ -196,6 +201,9 @@ class ServerMetrics:
     def on_finished(self, req: SimRequest, e2e_s: float) -> None:
         self._e2e.observe(e2e_s)
         self._totals["generation"] += req.num_output_tokens
+        key = f"finished_{req.finish_reason}"
+        if key in self._totals:
+            self._totals[key] += 1
 
     def render(self) -> bytes:
         """The Prometheus text exposition."""

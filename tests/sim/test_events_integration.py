@@ -105,15 +105,20 @@ async def test_scripted_run_stores_evicts_resets_replays_and_restarts(
             _, seq, events = await sub.recv()
             assert seq == 2 and events == [{"type": "AllBlocksCleared"}]
 
+            # a consumer that missed everything asks for it again from seq 0 (DEALER, as SPEC §1.9 advises)
             dealer = ctx.socket(zmq.DEALER)
             dealer.setsockopt(zmq.LINGER, 0)
             dealer.connect(replay)
-            await dealer.send_multipart([b"", (1).to_bytes(8, "big")])
-            frames = [await asyncio.wait_for(dealer.recv_multipart(), 5) for _ in range(3)]
+            await dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+            frames = [await asyncio.wait_for(dealer.recv_multipart(), 5) for _ in range(4)]
+            await dealer.send_multipart([b"", (2).to_bytes(8, "big")])
+            tail = [await asyncio.wait_for(dealer.recv_multipart(), 5) for _ in range(2)]
             dealer.close()
-            assert [f[:3] for f in frames[:2]] == [[b"", TOPIC.encode(), (i).to_bytes(8, "big")] for i in (1, 2)]
-            assert msgspec.msgpack.decode(frames[1][3])[1] == [{"type": "AllBlocksCleared"}]
-            assert frames[2] == [b"", b"", b"\xff" * 8, b""]
+            assert [f[:3] for f in frames[:3]] == [[b"", TOPIC.encode(), i.to_bytes(8, "big")] for i in (0, 1, 2)]
+            assert msgspec.msgpack.decode(frames[0][3])[1][0]["block_hashes"] == SPEC_HASHES
+            assert msgspec.msgpack.decode(frames[2][3])[1] == [{"type": "AllBlocksCleared"}]
+            assert frames[3] == [b"", b"", b"\xff" * 8, b""]
+            assert tail == [frames[2], frames[3]]
 
         async with SimCluster(_config(pub, replay), tokenizer=tokenizer) as cluster:  # restart
             await asyncio.sleep(0.3)

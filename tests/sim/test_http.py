@@ -192,6 +192,7 @@ async def test_metrics_names_labels_and_counters(base: str) -> None:
                   'num_gpu_blocks="1024"', 'engine="0"'):  # fmt: skip
         assert label in info
     assert 'vllm:lora_requests_info{max_lora="1"' in text
+    assert 'vllm:request_success_total{engine="0",finished_reason="length",model_name="Qwen/Qwen3-0.6B"} 2.0' in text
 
 
 async def test_sim_requests_reports_the_model_ttft(base: str) -> None:
