@@ -53,6 +53,10 @@ def _vllm_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _more_vllm_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--stream-interval", type=int, default=1, help="tokens per streamed chunk (after the first)")
+
+
 def _sim_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("simulator-only")
     g.add_argument("--sim-profile", choices=sorted(PROFILES), default=DEFAULT_PROFILE, help="timing profile")
@@ -82,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="A vLLM-compatible simulator (no GPU).",
     )
     _vllm_flags(p)
+    _more_vllm_flags(p)
     _sim_flags(p)
     return p
 
@@ -153,6 +158,7 @@ def build_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Server
         kv_events=kv_events,
         lora_modules=parse_lora(args.lora_modules),
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+        stream_interval=max(args.stream_interval, 1),
         sim=SimOptions(
             output_len=args.sim_output_len,
             legacy_events=args.sim_legacy_kv_events,

@@ -105,6 +105,7 @@ class ServerConfig:
     kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
     lora_modules: tuple[LoraKey, ...] = ()
     enable_prompt_tokens_details: bool = False
+    stream_interval: int = 1
     sim: SimOptions = field(default_factory=SimOptions)
 
     @property

@@ -68,7 +68,7 @@ class GenerateHandlers:
             lora=lora,
             cache_salt=params.cache_salt,
             arrival_s=arrival_s,
-            sink=OutputStream(streaming=params.stream),
+            sink=OutputStream(wake_every=self._cfg.stream_interval if params.stream else 0),
             filler=self._fe.filler,
             eos_token_id=self._fe.tokenizer.eos_token_id,
         )

@@ -15,27 +15,32 @@ FINISH_ABORT = "abort"
 class OutputStream:
     """Where the engine delivers a request's tokens; the HTTP handler drains it.
 
-    Tokens pushed between two reads are coalesced into one delta, as vLLM's output collector does when the
-    client
-    lags. Touched only from the event-loop thread.
+    ``wake_every``: 0 wakes the reader only at the end (non-streaming); N wakes it for the first token, then
+    whenever N tokens are pending (vLLM's ``--stream-interval``). Tokens pushed between two reads coalesce into
+    one delta, as vLLM's output collector does when the client lags. Touched only from the event-loop thread.
     """
 
-    __slots__ = ("_event", "_pending", "finish_reason", "streaming")
+    __slots__ = ("_event", "_pending", "_sent_any", "_wake_every", "finish_reason")
 
-    def __init__(self, streaming: bool = True) -> None:
-        self.streaming = streaming
+    def __init__(self, wake_every: int = 1) -> None:
+        self._wake_every = wake_every
+        self._sent_any = False
         self._pending: list[int] = []
         self._event = asyncio.Event()
         self.finish_reason: str | None = None
 
+    def _ready(self) -> bool:
+        if self._wake_every == 0:
+            return False
+        return len(self._pending) >= (self._wake_every if self._sent_any else 1)
+
     def push(self, token_id: int, finish_reason: str | None) -> None:
-        """Called by the engine once per generated token; wakes the reader (non-streaming: only at the
-        end)."""
+        """Called by the engine once per generated token, after the step that produced it."""
         self._pending.append(token_id)
         if finish_reason is not None:
             self.finish_reason = finish_reason
             self._event.set()
-        elif self.streaming:
+        elif self._ready():
             self._event.set()
 
     def close(self, finish_reason: str) -> None:
@@ -44,11 +49,12 @@ class OutputStream:
         self._event.set()
 
     async def next_delta(self) -> tuple[list[int], str | None]:
-        """Wait for new tokens; returns (tokens since the last call, finish reason or None)."""
-        while not self._pending and self.finish_reason is None:
+        """Wait for the next delta; returns (tokens since the last call, finish reason or None)."""
+        while self.finish_reason is None and not self._ready():
             await self._event.wait()
             self._event.clear()
         out, self._pending = self._pending, []
+        self._sent_any = self._sent_any or bool(out)
         return out, self.finish_reason
 
 

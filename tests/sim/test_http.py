@@ -235,3 +235,11 @@ async def test_client_disconnect_aborts_the_request_and_frees_its_blocks(
                 break
             await asyncio.sleep(0.02)
         assert not engine.scheduler.running and engine.pool.usage() == 0.0
+
+
+async def test_stream_interval_sends_first_token_alone_then_groups(tokenizer: PromptTokenizer) -> None:
+    async with SimCluster(sim_config("--stream-interval", "4"), tokenizer=tokenizer) as cluster:
+        events = await _sse(f"{cluster.urls[0]}/v1/completions", {"prompt": "Hi", "max_tokens": 9, "stream": True})
+    texts = [e["choices"][0]["text"] for e in events[:-1]]
+    assert texts[0] == " The" and len(texts) <= 3
+    assert "".join(texts) == " The quick brown fox jumps over the lazy dog"
