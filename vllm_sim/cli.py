@@ -193,5 +193,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = build_config(args, os.environ)
     except (ValueError, KeyError, json.JSONDecodeError) as exc:
         parser.error(str(exc))
-    asyncio.run(serve(config, args.sim_num_servers))
+    try:
+        asyncio.run(serve(config, args.sim_num_servers))
+    except OSError as exc:  # a port in use, an endpoint that cannot bind
+        print(f"vllm-sim: cannot start: {exc}", file=sys.stderr)
+        return 1
     return 0
