@@ -46,6 +46,7 @@ class Subscriber:
 
     def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, bind: bool = False) -> None:
         self.sock = ctx.socket(zmq.SUB)
+        self._monitor = self.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SUBSCRIBE, b"kv@")
         self.port = self.sock.bind_to_random_port(endpoint) if bind else 0
@@ -58,6 +59,12 @@ class Subscriber:
         while True:
             self._queue.put_nowait(await self.sock.recv_multipart())
 
+    async def connected(self, publishers: int = 1) -> None:
+        """Wait (bounded) for ZMTP handshakes with ``publishers`` peers, then a moment for the subscription."""
+        for _ in range(publishers):
+            await asyncio.wait_for(self._monitor.recv_multipart(), timeout=10)
+        await asyncio.sleep(0.05)
+
     async def recv(self) -> tuple[bytes, int, list[Any]]:
         topic, seq, payload = await asyncio.wait_for(self._queue.get(), timeout=5)
         _, events, rank = msgspec.msgpack.decode(payload)
@@ -68,6 +75,8 @@ class Subscriber:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
+        self.sock.disable_monitor()
+        self._monitor.close()
         self.sock.close()
 
 
@@ -81,7 +90,7 @@ async def test_scripted_run_stores_evicts_resets_replays_and_restarts(
     try:
         async with SimCluster(_config(pub, replay), tokenizer=tokenizer) as cluster:
             base = cluster.urls[0]
-            await asyncio.sleep(0.3)  # ZMQ slow joiner: let the SUB's subscription reach the PUB
+            await sub.connected()  # ZMQ slow joiner: a PUB drops batches until the SUB's subscription arrives
             await _complete(base, a)
             topic, seq, events = await sub.recv()
             assert (topic, seq) == (TOPIC.encode(), 0)
@@ -121,7 +130,7 @@ async def test_scripted_run_stores_evicts_resets_replays_and_restarts(
             assert tail == [frames[2], frames[3]]
 
         async with SimCluster(_config(pub, replay), tokenizer=tokenizer) as cluster:  # restart
-            await asyncio.sleep(0.3)
+            await sub.connected()
             await _complete(cluster.urls[0], a)
             _, seq, events = await sub.recv()
             assert seq == 0 and [e["type"] for e in events] == ["BlockStored"]  # no AllBlocksCleared
@@ -138,7 +147,7 @@ async def test_connect_mode_raw_hashes_and_k_servers(tokenizer: PromptTokenizer)
     cfg = _config(f"tcp://127.0.0.1:{port}", None, env={"VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES": "0"})
     try:
         async with SimCluster(cfg, n=2, tokenizer=tokenizer) as cluster:
-            await asyncio.sleep(0.3)
+            await sub.connected(2)
             async with aiohttp.ClientSession() as s, s.get(f"{cluster.urls[1]}/kv_event_sources") as r:
                 sources = await r.json()
             assert sources["0"]["endpoint"] == f"tcp://127.0.0.1:{port + 1}"  # server 1: port + 1
@@ -165,7 +174,7 @@ async def test_sim_kv_events_bind_binds_a_host_endpoint(tokenizer: PromptTokeniz
     sub = Subscriber(ctx, f"tcp://127.0.0.1:{port}")
     try:
         async with SimCluster(cfg, tokenizer=tokenizer) as cluster:
-            await asyncio.sleep(0.3)
+            await sub.connected()
             await _complete(cluster.urls[0], list(range(1000, 1040)))
             _, seq, events = await sub.recv()
             assert seq == 0 and events[0]["block_hashes"] == SPEC_HASHES
@@ -182,7 +191,7 @@ async def test_legacy_array_events_and_topicless_replay(tokenizer: PromptTokeniz
     sub = Subscriber(ctx, pub)
     try:
         async with SimCluster(cfg, tokenizer=tokenizer) as cluster:
-            await asyncio.sleep(0.3)
+            await sub.connected()
             await _complete(cluster.urls[0], list(range(1000, 1040)))
             _, seq, events = await sub.recv()
             assert events[0][:3] == ["BlockStored", SPEC_HASHES, None] and len(events[0]) == 12
