@@ -147,7 +147,7 @@ async def test_connect_mode_raw_hashes_and_k_servers(tokenizer: PromptTokenizer)
     cfg = _config(f"tcp://127.0.0.1:{port}", None, env={"VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES": "0"})
     try:
         async with SimCluster(cfg, n=2, tokenizer=tokenizer) as cluster:
-            await sub.connected(2)
+            await sub.connected()  # only server 0 dials this port; server 1 dials port + 1
             async with aiohttp.ClientSession() as s, s.get(f"{cluster.urls[1]}/kv_event_sources") as r:
                 sources = await r.json()
             assert sources["0"]["endpoint"] == f"tcp://127.0.0.1:{port + 1}"  # server 1: port + 1
