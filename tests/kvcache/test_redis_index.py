@@ -61,37 +61,55 @@ async def test_match_is_one_round_trip(valkey_url: str) -> None:
         await idx.close()
 
 
-async def test_keys_share_the_namespace_hash_tag(valkey_url: str) -> None:
+async def test_keys_share_the_namespace_hash_tag_and_clear_leaves_nothing(valkey_url: str) -> None:
     ns = f"k{uuid.uuid4().hex[:8]}"
     idx = await RedisPrefixIndex.connect(valkey_url, namespace=ns)
     raw = aioredis.Redis.from_url(valkey_url)
     try:
         await idx.store(E1, hs(5))
-        assert await raw.keys(f"{{{ns}}}*") == [f"{{{ns}}}:h:{E1}".encode()]  # precise: one HASH
         await idx.store(E2, hs(5), ttl_s=60)
-        keys = await raw.keys(f"{{{ns}}}*")
-        assert sorted(keys) == sorted(f"{{{ns}}}:{k}:{e}".encode() for k, e in [("h", E1), ("h", E2), ("z", E2)])
+        keys = {k.decode() for k in await raw.keys("*") if k.startswith(f"{{{ns}}}".encode())}
+        assert keys == {f"{{{ns}}}:{k}" for k in ("m", "slots", "next", f"h:{E1}", f"h:{E2}", f"z:{E2}")}
         await idx.clear(E1)
         await idx.clear(E2)
-        assert await raw.keys(f"{{{ns}}}*") == []  # nothing left behind
+        left = {k.decode() for k in await raw.keys(f"{{{ns}}}*")}
+        assert left == {f"{{{ns}}}:free", f"{{{ns}}}:next"}  # no block, no endpoint entry
+        assert await raw.zrange(f"{{{ns}}}:free", 0, -1) == [b"0", b"1"]
+        await idx.store(EndpointId("10.0.0.9:1"), hs(1))  # a freed slot is reused
+        assert await raw.hget(f"{{{ns}}}:slots", "10.0.0.9:1") == b"0"
     finally:
         await raw.aclose()
         await idx.close()
 
 
-async def test_clear_is_one_command(valkey_url: str) -> None:
-    client = CountingClient.from_url(valkey_url)
-    client.sent = []
-    idx = RedisPrefixIndex(client, namespace=f"k{uuid.uuid4().hex[:8]}")
+async def test_clear_in_slices(index: RedisPrefixIndex, monkeypatch: pytest.MonkeyPatch) -> None:
+    from extproc.kvcache import redis_index
+
+    monkeypatch.setattr(redis_index, "_CLEAR_SLICE", 100)
+    blocks = hs(1050)
+    await index.store(E1, blocks, ttl_s=60)
+    await index.store(E2, blocks)
+    await index.clear(E1)
+    assert await index.entries(E1) == 0
+    assert await index.match(blocks, [E1, E2]) == {E2: 1050}
+
+
+async def test_match_cost_does_not_grow_with_endpoints_on_shared_blocks(valkey_url: str) -> None:
+    """40 endpoints holding the same 2,000 blocks: one walk, not 40 (checked through commandstats)."""
+    ns = f"k{uuid.uuid4().hex[:8]}"
+    idx = await RedisPrefixIndex.connect(valkey_url, namespace=ns)
+    raw = aioredis.Redis.from_url(valkey_url)
     try:
-        await idx.store(E1, hs(20_000), ttl_s=60)
-        await idx.store(E2, hs(100))
-        client.sent.clear()
-        await idx.clear(E1)
-        assert client.sent == ["UNLINK"]
-        assert await idx.entries(E1) == 0
-        assert await idx.match(hs(100), [E1, E2]) == {E2: 100}
+        blocks = hs(2000)
+        eps = [EndpointId(f"10.2.0.{i}:8000") for i in range(40)]
+        for e in eps:
+            await idx.store(e, blocks)
+        await raw.config_resetstat()
+        assert await idx.match(blocks, eps) == {e: 2000 for e in eps}
+        stats = await raw.info("commandstats")
+        assert stats["cmdstat_hmget"]["calls"] <= 12  # slices 16, 32, ... over {ns}:m, plus the slot lookup
     finally:
+        await raw.aclose()
         await idx.close()
 
 

@@ -1,0 +1,243 @@
+"""The Lua scripts behind ``redis_index.py`` (which documents the key schema; nothing else imports this).
+
+Conventions shared by every script:
+
+* Block hashes travel as one blob of 8-byte big-endian values: thousands of separate arguments cost more to
+  pack and parse than the lookups themselves. ``upto(j)`` splits the blob lazily into ``F[1..j]``.
+* Hashes never become Lua numbers (doubles lose bits above 2**53): they stay 8-byte strings.
+* Expiry uses the server's clock (``TIME``); ``live(v)`` says whether a field value (expires-at ms, "0" =
+  never) is unexpired.
+* A holder bitmap is a string, bit ``slot % 8`` of byte ``slot // 8 + 1`` for the endpoint in ``slot``, with
+  trailing zero bytes stripped, so equal holder sets are equal (interned, pointer-compared) Lua strings.
+"""
+
+from __future__ import annotations
+
+CHUNK = 1000  # arguments per multi-field command inside scripts (Lua's unpack() has a stack limit)
+RECLAIM_PER_STORE = 64  # expired entries a store may drop from the old end of the endpoint's LRU
+
+_COMMON = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function live(v) return v and (v == '0' or tonumber(v) > now) end
+
+local blob = ARGV[BLOB]
+local n = #blob / 8
+local F, split = {}, 0
+local function upto(j)
+  for i = split + 1, j do F[i] = string.sub(blob, i * 8 - 7, i * 8) end
+  if j > split then split = j end
+end
+
+local function hasbit(s, slot)
+  local i = math.floor(slot / 8) + 1
+  return i <= #s and bit.band(string.byte(s, i), 2 ^ (slot % 8)) ~= 0
+end
+
+local function withbit(s, slot, on)
+  local i = math.floor(slot / 8) + 1
+  if #s < i then
+    if not on then return s end
+    s = s .. string.rep('\\0', i - #s)
+  end
+  local b, m = string.byte(s, i), 2 ^ (slot % 8)
+  if on then b = bit.bor(b, m) else b = bit.band(b, 255 - m) end
+  s = string.sub(s, 1, i - 1) .. string.char(b) .. string.sub(s, i + 1)
+  local e = #s
+  while e > 0 and string.byte(s, e) == 0 do e = e - 1 end
+  return string.sub(s, 1, e)
+end
+
+-- Set or clear ``slot`` in the holder bitmaps of ``list``'s members; empty bitmaps are deleted.
+local function mark(M, list, slot, on)
+  for i = 1, #list, CHUNK do
+    local j = math.min(i + CHUNK - 1, #list)
+    local vals = redis.call('HMGET', M, unpack(list, i, j))
+    local sets, dels = {}, {}
+    for k = i, j do
+      local old = vals[k - i + 1] or ''
+      local new = withbit(old, slot, on)
+      if new == '' then
+        if old ~= '' then dels[#dels + 1] = list[k] end
+      elseif new ~= old then
+        sets[#sets + 1] = list[k]; sets[#sets + 1] = new
+      end
+    end
+    if #sets > 0 then redis.call('HSET', M, unpack(sets)) end
+    if #dels > 0 then redis.call('HDEL', M, unpack(dels)) end
+  end
+end
+
+-- An endpoint with no entries left gives its slot back (no bitmap has it set any more).
+local function release(SLOTS, FREE, H, Z, ep, slot)
+  if redis.call('HLEN', H) == 0 then
+    redis.call('HDEL', SLOTS, ep)
+    redis.call('ZADD', FREE, slot, slot)
+    redis.call('DEL', Z)
+  end
+end
+"""
+
+# KEYS: M, SLOTS, then (H, Z) per endpoint. ARGV: the request's hashes (blob), then the endpoints.
+# Returns one count per endpoint.
+MATCH = """
+local M, SLOTS = KEYS[1], KEYS[2]
+local eps = {}
+for i = 2, #ARGV do eps[#eps + 1] = ARGV[i] end
+local slots = redis.call('HMGET', SLOTS, unpack(eps))
+local alive, slot, depth = {}, {}, {}
+for k = 1, #eps do
+  depth[k] = 0
+  if slots[k] then alive[#alive + 1] = k; slot[k] = tonumber(slots[k]) end
+end
+-- Walk the blocks in order; the holder set is recomputed only when a block's bitmap differs from the last.
+local d, prev, step = 0, nil, 16
+while #alive > 0 and d < n do
+  local hi = math.min(n, d + step)
+  upto(hi)
+  local vals = redis.call('HMGET', M, unpack(F, d + 1, hi))
+  local stop = false
+  for j = 1, #vals do
+    local v = vals[j]
+    if not v then stop = true; break end
+    if v ~= prev then
+      local keep = {}
+      for _, k in ipairs(alive) do
+        if hasbit(v, slot[k]) then keep[#keep + 1] = k else depth[k] = d end
+      end
+      alive, prev = keep, v
+      if #alive == 0 then stop = true; break end
+    end
+    d = d + 1
+  end
+  if stop then break end
+  step = math.min(step * 2, 2048)
+end
+for _, k in ipairs(alive) do depth[k] = d end
+-- Endpoints with ordered entries (a ttl or a capacity) may hold expired ones: verify their runs' expiry.
+for k = 1, #eps do
+  local H, Z = KEYS[1 + 2 * k], KEYS[2 + 2 * k]
+  if depth[k] > 0 and redis.call('EXISTS', Z) == 1 then
+    local held, s = 0, 64
+    while held < depth[k] do
+      local hi = math.min(depth[k], held + s)
+      local vals = redis.call('HMGET', H, unpack(F, held + 1, hi))
+      local j, m = 1, #vals
+      while j <= m and live(vals[j]) do j = j + 1 end
+      held = held + j - 1
+      if j <= m then break end
+      s = math.min(s * 2, 2048)
+    end
+    depth[k] = held
+  end
+end
+return depth
+"""
+
+# KEYS: M, SLOTS, FREE, NEXT, H, Z. ARGV: endpoint, ttl_ms (0 = none), capacity (-1 = none), blob.
+STORE = """
+local M, SLOTS, FREE, NEXT, H, Z = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local ep, ttl, cap = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local slot = redis.call('HGET', SLOTS, ep)
+if not slot then
+  local free = redis.call('ZPOPMIN', FREE)
+  if free[1] then slot = free[1] else slot = redis.call('INCR', NEXT) - 1 end
+  redis.call('HSET', SLOTS, ep, slot)
+end
+slot = tonumber(slot)
+upto(n)
+local exp = '0'
+if ttl > 0 then exp = string.format('%.0f', now + ttl) end
+for i = 1, n, CHUNK do
+  local args = {}
+  for k = i, math.min(i + CHUNK - 1, n) do args[#args + 1] = F[k]; args[#args + 1] = exp end
+  redis.call('HSET', H, unpack(args))
+end
+mark(M, F, slot, true)
+if ttl == 0 and cap < 0 then return n end  -- a precise entry: nothing to order
+local top = redis.call('ZRANGE', Z, -1, -1, 'WITHSCORES')
+local base = 0
+if top[2] then base = tonumber(top[2]) end
+for i = 1, n, CHUNK do
+  local args = {}
+  for k = i, math.min(i + CHUNK - 1, n) do
+    args[#args + 1] = base + (n - k + 1)  -- head block highest: the tail is evicted first
+    args[#args + 1] = F[k]
+  end
+  redis.call('ZADD', Z, unpack(args))
+end
+local gone = {}
+if cap >= 0 then
+  local over = redis.call('HLEN', H) - cap
+  while over > 0 do
+    local victims = redis.call('ZRANGE', Z, 0, math.min(over, CHUNK) - 1)
+    if #victims == 0 then break end
+    redis.call('HDEL', H, unpack(victims))
+    redis.call('ZREMRANGEBYRANK', Z, 0, #victims - 1)
+    for _, m in ipairs(victims) do gone[#gone + 1] = m end
+    over = over - #victims
+  end
+end
+local olds = redis.call('ZRANGE', Z, 0, RECLAIM - 1)
+if #olds > 0 then
+  local vals = redis.call('HMGET', H, unpack(olds))
+  for i, m in ipairs(olds) do
+    local v = vals[i]
+    if v == '0' and cap >= 0 then break end
+    if live(v) and v ~= '0' then break end
+    if v and v ~= '0' then redis.call('HDEL', H, m); gone[#gone + 1] = m end
+    redis.call('ZREM', Z, m)  -- expired, stale, or permanent without a capacity: no longer ordered
+  end
+end
+mark(M, gone, slot, false)
+release(SLOTS, FREE, H, Z, ep, slot)
+return n
+"""
+
+# KEYS: M, SLOTS, FREE, H, Z. ARGV: endpoint, blob.
+REMOVE = """
+local M, SLOTS, FREE, H, Z = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local ep = ARGV[1]
+local slot = redis.call('HGET', SLOTS, ep)
+if not slot then return 0 end
+slot = tonumber(slot)
+upto(n)
+local gone = {}
+for i = 1, n, CHUNK do
+  local j = math.min(i + CHUNK - 1, n)
+  local vals = redis.call('HMGET', H, unpack(F, i, j))
+  for k = i, j do if vals[k - i + 1] then gone[#gone + 1] = F[k] end end
+end
+for i = 1, #gone, CHUNK do
+  local j = math.min(i + CHUNK - 1, #gone)
+  redis.call('HDEL', H, unpack(gone, i, j))
+  redis.call('ZREM', Z, unpack(gone, i, j))
+end
+mark(M, gone, slot, false)
+release(SLOTS, FREE, H, Z, ep, slot)
+return #gone
+"""
+
+# KEYS: M, SLOTS, FREE, H, Z. ARGV: endpoint, the slice size, and an empty blob. Returns entries left.
+CLEAR = """
+local M, SLOTS, FREE, H, Z = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local ep, slice = ARGV[1], tonumber(ARGV[2])
+local slot = redis.call('HGET', SLOTS, ep)
+if not slot then redis.call('DEL', H, Z); return 0 end
+slot = tonumber(slot)
+local victims = redis.call('HRANDFIELD', H, slice)
+for i = 1, #victims, CHUNK do
+  local j = math.min(i + CHUNK - 1, #victims)
+  redis.call('HDEL', H, unpack(victims, i, j))
+  redis.call('ZREM', Z, unpack(victims, i, j))
+end
+mark(M, victims, slot, false)
+release(SLOTS, FREE, H, Z, ep, slot)
+return redis.call('HLEN', H)
+"""
+
+
+def render(body: str, *, blob_arg: int) -> str:
+    """A script with the common helpers, its blob argument index and the size constants filled in."""
+    text = _COMMON.replace("ARGV[BLOB]", f"ARGV[{blob_arg}]") + body
+    return text.replace("CHUNK", str(CHUNK)).replace("RECLAIM", str(RECLAIM_PER_STORE))
