@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from vllm_sim.events import EventRecord
 from vllm_sim.hashing import BlockHasher, HashAlgo
 from vllm_sim.kv_cache import BlockPool, KVCacheManager
-from vllm_sim.request import SimRequest
+from vllm_sim.request import FINISH_ABORT, SimRequest
 from vllm_sim.scheduler import Scheduler, SchedulerConfig
 from vllm_sim.timing import TimingProfile
 
@@ -92,6 +92,7 @@ class Engine:
         self._observer = observer
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._failed = False
         # {request id: live request, or its compact record once finished}; bounded, oldest dropped first
         self._log: OrderedDict[str, SimRequest | dict[str, Any]] = OrderedDict()
 
@@ -116,8 +117,17 @@ class Engine:
 
     # --- API for the server
 
+    @property
+    def healthy(self) -> bool:
+        """False once the loop has failed (``/health`` then answers 500, as vLLM's dead engine does)."""
+        return not self._failed
+
     def submit(self, req: SimRequest) -> None:
-        """Queue a request; its tokens arrive on ``req.sink``."""
+        """Queue a request; its tokens arrive on ``req.sink`` (an engine that failed ends it at once)."""
+        if self._failed:
+            req.finish_reason = FINISH_ABORT
+            req.sink.close(FINISH_ABORT)
+            return
         self.scheduler.add(req)
         self._log[req.request_id] = req
         while len(self._log) > self.cfg.request_log_size:
@@ -162,6 +172,16 @@ class Engine:
             self._events.publish(records)
 
     async def _run(self) -> None:
+        try:
+            await self._loop()
+        except Exception:  # a bug must not leave clients waiting forever
+            log.exception("engine loop failed; aborting every request")
+            self._failed = True
+            for req in [*self.scheduler.running, *self.scheduler.waiting]:
+                self.scheduler.abort(req)
+                req.sink.close(FINISH_ABORT)
+
+    async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time()
         while True:

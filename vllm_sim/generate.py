@@ -30,7 +30,7 @@ from vllm_sim.openai_api import (
     usage,
     usage_chunk,
 )
-from vllm_sim.request import OutputStream, SimRequest
+from vllm_sim.request import FINISH_ABORT, OutputStream, SimRequest
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
@@ -88,6 +88,8 @@ class GenerateHandlers:
             while finish is None:
                 delta, finish = await req.sink.next_delta()
                 tokens.extend(delta)
+            if finish == FINISH_ABORT:
+                return error_response(ApiError(500, "the simulated engine failed; see the server log"))
             body = chat_body if chat else completion_body
             return json_response(
                 body(

@@ -93,7 +93,7 @@ class SimServer:
     # --- small endpoints
 
     async def health(self, request: web.Request) -> web.Response:
-        return web.Response(status=200)
+        return web.Response(status=200 if self.engine.healthy else 500)
 
     async def metrics_endpoint(self, request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})

@@ -243,3 +243,17 @@ async def test_stream_interval_sends_first_token_alone_then_groups(tokenizer: Pr
     texts = [e["choices"][0]["text"] for e in events[:-1]]
     assert texts[0] == " The" and len(texts) <= 3
     assert "".join(texts) == " The quick brown fox jumps over the lazy dog"
+
+
+async def test_an_engine_failure_answers_500_instead_of_hanging(tokenizer: PromptTokenizer) -> None:
+    async with SimCluster(sim_config(), tokenizer=tokenizer) as cluster:
+        engine = cluster.servers[0].engine
+
+        def broken_step() -> None:
+            raise RuntimeError("injected")
+
+        engine.scheduler.schedule = broken_step  # type: ignore[method-assign,assignment]
+        for _ in range(2):  # the request in flight, then one sent to the failed engine
+            status, err = await _post(f"{cluster.urls[0]}/v1/completions", {"prompt": "Hi"})
+            assert status == 500 and err["error"]["type"] == "InternalServerError"
+        assert (await _get(f"{cluster.urls[0]}/health"))[0] == 500
