@@ -205,3 +205,17 @@ async def test_random_capacity_operations_agree_with_the_reference(
             query = universe[: rng.randint(0, 10)]
             asked = rng.sample(eps, rng.randint(0, 4))
             assert await index.match(query, asked) == ref.match(query, asked)
+
+
+async def test_scripts_flushed_on_the_server_are_reloaded(index: RedisPrefixIndex, valkey_url: str) -> None:
+    """After a failover or SCRIPT FLUSH the server forgets our scripts: EVALSHA falls back and reloads."""
+    await index.store(E1, hs(3))
+    raw = aioredis.Redis.from_url(valkey_url)
+    try:
+        await raw.script_flush()
+    finally:
+        await raw.aclose()
+    assert await index.match(hs(3), [E1]) == {E1: 3}
+    await index.store(E1, hs(1, base=100))
+    await index.clear(E1)
+    assert await index.match(hs(3), [E1]) == {}
