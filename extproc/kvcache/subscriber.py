@@ -166,6 +166,13 @@ class KvEventSubscriber:
             last_event_s=stream.last_event_s,
         )
 
+    def is_precise(self, endpoint: EndpointId) -> bool:
+        """Whether the router may take ``endpoint``'s precise-index entries as the truth: its stream is
+        followed and connected, its hashes are trusted, and it is not cold. Otherwise use the approximate
+        index for it. Cheap; meant for the router's per-request ``is_precise`` callback."""
+        status = self.status(endpoint)
+        return status is not None and status.connected and status.trusted and not status.cold
+
     def bound_address(self, endpoint: EndpointId) -> str | None:
         """In bind mode, the address actually bound (resolves a ``*`` port); None until bound."""
         stream = self._streams.get(endpoint)

@@ -114,6 +114,10 @@ async def test_events_apply_in_order() -> None:
         status = r.sub.status(E)
         assert status is not None and status.connected and status.trusted and not status.cold
         assert status.last_event_s is not None
+        assert r.sub.is_precise(E) and not r.sub.is_precise(EndpointId("10.9.9.9:1"))
+        await r.pub.publish(batch(AllBlocksCleared()))
+        await r.settle()
+        assert not r.sub.is_precise(E)  # cold
         assert r.sub.counters.gaps == 0 and r.pub.replay_requests == []
 
 
@@ -221,6 +225,7 @@ async def test_selfcheck_mismatch_marks_untrusted_until_a_check_passes() -> None
         status = r.sub.status(E)
         assert status is not None and not status.trusted
         assert r.ingest.counters.selfcheck_mismatches == 1
+        assert not r.sub.is_precise(E)
         await r.pub.publish(batch(stored(0, 2)))
         await r.settle()
         assert r.sub.status(E).trusted  # type: ignore[union-attr]
