@@ -9,7 +9,7 @@ from aiohttp import web
 
 from vllm_sim.config import ServerConfig
 from vllm_sim.hashing import LoraKey
-from vllm_sim.openai_api import ApiError, error_body, parse_chat_input, parse_prompt
+from vllm_sim.openai_api import ApiError, error_body, parse_chat_input, parse_prompts
 from vllm_sim.tokenize import PromptTokenizer, TemplateError
 
 FILLER_TEXT = " The quick brown fox jumps over the lazy dog."
@@ -69,15 +69,21 @@ class Frontend:
                 raise ApiError(400, f"Token id {t} is out of vocabulary")
         return ids
 
-    async def prompt_ids(self, body: dict[str, Any], chat: bool) -> list[int]:
-        """Token ids of a chat or completion body, exactly as vLLM renders them; raises ApiError(400)."""
+    async def prompt_ids(self, body: dict[str, Any], chat: bool) -> list[list[int]]:
+        """Token ids of each prompt of a chat (one) or completion body, exactly as vLLM renders them.
+
+        Raises ApiError(400) for malformed prompts, template errors and out-of-vocabulary ids.
+        """
         try:
             if chat:
-                return await self.tokenizer.chat(parse_chat_input(body))
-            prompt = parse_prompt(body)
-            if isinstance(prompt, list):
-                return self._check_ids(prompt)
-            add_special = body.get("add_special_tokens", True)
-            return await self.tokenizer.completion(prompt, add_special is not False)
+                return [await self.tokenizer.chat(parse_chat_input(body))]
+            add_special = body.get("add_special_tokens", True) is not False
+            out: list[list[int]] = []
+            for prompt in parse_prompts(body):
+                if isinstance(prompt, list):
+                    out.append(self._check_ids(prompt))
+                else:
+                    out.append(await self.tokenizer.completion(prompt, add_special))
+            return out
         except TemplateError as exc:
             raise ApiError(400, f"Chat template error: {exc}") from None

@@ -1,16 +1,18 @@
 """``POST /v1/completions`` and ``POST /v1/chat/completions``: validate, tokenize, run on the engine, respond.
 
-Streaming writes one SSE chunk per delta the engine delivered since the last write (tokens coalesce when the
-client lags), then the optional usage chunk and ``data: [DONE]``. A client that disconnects aborts its
-request,
-which frees its KV blocks.
+A completion body with several prompts becomes one engine request per prompt (ids ``<id>-0``, ``<id>-1``, ...)
+and one choice per prompt, as vLLM does; usage sums over them. Streaming writes one SSE chunk per delta the
+engine delivered since the last write (tokens coalesce when the client lags), then the optional usage chunk
+and ``data: [DONE]``. A client that disconnects aborts its requests, which frees their KV blocks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
@@ -21,9 +23,11 @@ from vllm_sim.frontend import Frontend, error_response, json_response, read_json
 from vllm_sim.openai_api import (
     ApiError,
     GenParams,
+    StreamHead,
     chat_body,
     check_prompt_len,
     completion_body,
+    completion_choice,
     parse_gen_params,
     resolve_output_len,
     stream_chunk,
@@ -33,6 +37,7 @@ from vllm_sim.openai_api import (
 from vllm_sim.request import FINISH_ABORT, OutputStream, SimRequest
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+_ENGINE_FAILED = ApiError(500, "the simulated engine failed; see the server log")
 
 
 class GenerateHandlers:
@@ -49,85 +54,122 @@ class GenerateHandlers:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, chat=True)
 
-    async def _prepare(self, request: web.Request, chat: bool) -> tuple[GenParams, SimRequest]:
+    async def _prepare(self, request: web.Request, chat: bool) -> tuple[GenParams, str, list[SimRequest]]:
+        """Validate and tokenize; returns the params, the response id and one engine request per prompt."""
         # Arrival is when the request reached us: tokenizing it overlaps the modelled GPU time (as vLLM's
         # frontend overlaps the engine), so the simulator's own CPU work does not add to the model's TTFT.
         arrival_s = asyncio.get_running_loop().time()
         body = await read_json(request)
         params = parse_gen_params(body, self._cfg.model_name, chat)
-        lora = self._fe.resolve_model(params.model)
-        ids = await self._fe.prompt_ids(body, chat)
-        max_len = self._cfg.engine.max_model_len
-        check_prompt_len(len(ids), params.max_tokens, max_len)
-        out_len, eos = resolve_output_len(params, len(ids), max_len, self._cfg.sim.output_len)
-        req = SimRequest(
-            request_id=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
+        self._fe.resolve_model(params.model)
+        prompts = await self._fe.prompt_ids(body, chat)
+        for ids in prompts:
+            check_prompt_len(len(ids), params.max_tokens, self._cfg.engine.max_model_len)
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        names = [rid] if len(prompts) == 1 else [f"{rid}-{i}" for i in range(len(prompts))]
+        return params, rid, [self._request(n, ids, params, arrival_s) for n, ids in zip(names, prompts, strict=True)]
+
+    def _request(self, request_id: str, ids: list[int], params: GenParams, arrival_s: float) -> SimRequest:
+        out_len, eos = resolve_output_len(params, len(ids), self._cfg.engine.max_model_len, self._cfg.sim.output_len)
+        return SimRequest(
+            request_id=request_id,
             prompt_token_ids=ids,
             output_len=out_len,
             eos_at_end=eos,
-            lora=lora,
+            lora=self._fe.resolve_model(params.model),
             cache_salt=params.cache_salt,
             arrival_s=arrival_s,
             sink=OutputStream(wake_every=self._cfg.stream_interval if params.stream else 0),
             filler=self._fe.filler,
             eos_token_id=self._fe.tokenizer.eos_token_id,
         )
-        return params, req
 
     async def _handle(self, request: web.Request, chat: bool) -> web.StreamResponse:
         try:
-            params, req = await self._prepare(request, chat)
+            params, rid, reqs = await self._prepare(request, chat)
         except ApiError as err:
             return error_response(err)
-        self._engine.submit(req)
+        for req in reqs:
+            self._engine.submit(req)
         try:
             if params.stream:
-                return await self._stream(request, req, params, chat)
+                return await self._stream(request, StreamHead(rid, params.model, int(time.time()), chat), reqs, params)
+            return await self._collect(rid, reqs, params, chat)
+        finally:
+            for req in reqs:
+                if req.finish_reason is None:
+                    self._engine.abort(req)
+
+    async def _collect(self, rid: str, reqs: list[SimRequest], params: GenParams, chat: bool) -> web.Response:
+        """Wait for every request, then answer once (non-streaming)."""
+        texts: list[str] = []
+        for req in reqs:
             tokens: list[int] = []
             finish = None
             while finish is None:
                 delta, finish = await req.sink.next_delta()
                 tokens.extend(delta)
             if finish == FINISH_ABORT:
-                return error_response(ApiError(500, "the simulated engine failed; see the server log"))
-            body = chat_body if chat else completion_body
-            return json_response(
-                body(
-                    req.request_id,
-                    params.model,
-                    self._fe.text_of(tokens),
-                    req.finish_reason,
-                    self._usage(req),
-                )
-            )
-        finally:
-            if req.finish_reason is None:
-                self._engine.abort(req)
+                return error_response(_ENGINE_FAILED)
+            texts.append(self._fe.text_of(tokens))
+        if chat:
+            return json_response(chat_body(rid, params.model, texts[0], reqs[0].finish_reason, self._usage(reqs)))
+        choices = [completion_choice(i, t, r.finish_reason) for i, (t, r) in enumerate(zip(texts, reqs, strict=True))]
+        return json_response(completion_body(rid, params.model, choices, self._usage(reqs)))
 
-    def _usage(self, req: SimRequest) -> dict[str, Any]:
+    def _usage(self, reqs: list[SimRequest]) -> dict[str, Any]:
         return usage(
-            len(req.prompt_token_ids),
-            req.num_output_tokens,
-            max(req.num_cached_tokens, 0),
+            sum(len(r.prompt_token_ids) for r in reqs),
+            sum(r.num_output_tokens for r in reqs),
+            sum(max(r.num_cached_tokens, 0) for r in reqs),
             self._cfg.enable_prompt_tokens_details,
         )
 
-    async def _stream(self, request: web.Request, req: SimRequest, params: GenParams, chat: bool) -> web.StreamResponse:
+    async def _stream(
+        self, request: web.Request, head: StreamHead, reqs: list[SimRequest], params: GenParams
+    ) -> web.StreamResponse:
         resp = web.StreamResponse(headers=_SSE_HEADERS)
         await resp.prepare(request)
-        created, rid, model = int(time.time()), req.request_id, params.model
-        if chat:
-            await _sse(resp, stream_chunk(rid, model, created, True, None, None))
-        while True:
-            delta, finish = await req.sink.next_delta()
-            await _sse(resp, stream_chunk(rid, model, created, chat, self._fe.text_of(delta), finish))
-            if finish is not None:
-                break
+        if head.chat:
+            await _sse(resp, stream_chunk(head, 0, None, None))
+        async for index, delta, finish in _deltas(reqs):
+            await _sse(resp, stream_chunk(head, index, self._fe.text_of(delta), finish))
         if params.include_usage:
-            await _sse(resp, usage_chunk(rid, model, created, chat, self._usage(req)))
+            await _sse(resp, usage_chunk(head, self._usage(reqs)))
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
+
+
+async def _deltas(reqs: list[SimRequest]) -> AsyncIterator[tuple[int, list[int], str | None]]:
+    """``(choice index, tokens, finish reason)`` as they come, until every request has finished."""
+    if len(reqs) == 1:  # the common case, without a task per request
+        finish = None
+        while finish is None:
+            delta, finish = await reqs[0].sink.next_delta()
+            yield 0, delta, finish
+        return
+    queue: asyncio.Queue[tuple[int, list[int], str | None]] = asyncio.Queue()
+
+    async def pump(index: int, sink: OutputStream) -> None:
+        finish = None
+        while finish is None:
+            delta, finish = await sink.next_delta()
+            queue.put_nowait((index, delta, finish))
+
+    tasks = [asyncio.create_task(pump(i, r.sink)) for i, r in enumerate(reqs)]
+    try:
+        for _ in range(len(reqs)):
+            item = await queue.get()
+            while item[2] is None:
+                yield item
+                item = await queue.get()
+            yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 async def _sse(resp: web.StreamResponse, obj: dict[str, Any]) -> None:

@@ -125,18 +125,20 @@ def parse_chat_input(body: dict[str, Any]) -> ChatInput:
     )
 
 
-def parse_prompt(body: dict[str, Any]) -> str | list[int]:
-    """A completion prompt: text or token ids (a batch of one is unwrapped); raises ApiError(400)."""
+def _is_ids(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def parse_prompts(body: dict[str, Any]) -> list[str | list[int]]:
+    """Completion prompts: a text, token ids, or a list of texts / token-id lists; raises ApiError(400)."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    if isinstance(prompt, str) or (_is_ids(prompt) and prompt):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) or _is_ids(p) for p in prompt):
         return list(prompt)
-    if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
-        raise ApiError(400, "vllm-sim supports one prompt per request")
-    raise ApiError(400, "prompt must be a string, a list of token ids, or a list of one of those")
+    if prompt == []:
+        raise ApiError(400, "The decoder prompt cannot be empty")
+    raise ApiError(400, "prompt must be a string, a list of token ids, or a list of those")
 
 
 def check_prompt_len(num_tokens: int, max_tokens: int | None, max_model_len: int) -> None:
@@ -181,22 +183,26 @@ def usage(prompt: int, completion: int, cached: int, details: bool) -> dict[str,
     return out
 
 
-def completion_body(rid: str, model: str, text: str, finish: str | None, use: dict[str, Any]) -> dict[str, Any]:
-    """A non-streaming ``/v1/completions`` response."""
-    choice = {
-        "index": 0,
+def completion_choice(index: int, text: str, finish: str | None) -> dict[str, Any]:
+    """One choice of a non-streaming ``/v1/completions`` response (one per prompt)."""
+    return {
+        "index": index,
         "text": text,
         "logprobs": None,
         "finish_reason": finish,
         "stop_reason": None,
         "prompt_logprobs": None,
     }
+
+
+def completion_body(rid: str, model: str, choices: list[dict[str, Any]], use: dict[str, Any]) -> dict[str, Any]:
+    """A non-streaming ``/v1/completions`` response."""
     return {
         "id": rid,
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [choice],
+        "choices": choices,
         "usage": use,
         "kv_transfer_params": None,
     }
@@ -229,23 +235,33 @@ def chat_body(rid: str, model: str, text: str, finish: str | None, use: dict[str
     }
 
 
-def stream_chunk(
-    rid: str, model: str, created: int, chat: bool, text: str | None, finish: str | None
-) -> dict[str, Any]:
-    """One SSE chunk. ``text=None`` on a chat stream is the opening role-only delta."""
-    if chat:
+@dataclass(frozen=True, slots=True)
+class StreamHead:
+    """What every chunk of one SSE response repeats."""
+
+    rid: str
+    model: str
+    created: int
+    chat: bool
+
+    @property
+    def object(self) -> str:
+        return "chat.completion.chunk" if self.chat else "text_completion"
+
+
+def stream_chunk(head: StreamHead, index: int, text: str | None, finish: str | None) -> dict[str, Any]:
+    """One SSE chunk for choice ``index``. ``text=None`` on a chat stream is the opening role-only delta."""
+    if head.chat:
         delta: dict[str, Any] = {"role": "assistant", "content": ""} if text is None else {"content": text}
-        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        obj = "chat.completion.chunk"
+        choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
     else:
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-        obj = "text_completion"
+        choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
     if finish is not None:
         choice["stop_reason"] = None
-    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
+    return {"id": head.rid, "object": head.object, "created": head.created, "model": head.model, "choices": [choice]}
 
 
-def usage_chunk(rid: str, model: str, created: int, chat: bool, use: dict[str, Any]) -> dict[str, Any]:
+def usage_chunk(head: StreamHead, use: dict[str, Any]) -> dict[str, Any]:
     """The final ``choices: []`` chunk sent with ``stream_options.include_usage``."""
-    obj = "chat.completion.chunk" if chat else "text_completion"
-    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": use}
+    return {"id": head.rid, "object": head.object, "created": head.created, "model": head.model, "choices": [],
+            "usage": use}  # fmt: skip

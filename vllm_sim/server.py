@@ -21,7 +21,7 @@ from vllm_sim.events import EventEncoder
 from vllm_sim.frontend import Frontend, error_response, json_response, read_json
 from vllm_sim.generate import GenerateHandlers
 from vllm_sim.metrics import CONTENT_TYPE, ServerMetrics
-from vllm_sim.openai_api import ApiError, check_prompt_len, parse_gen_params
+from vllm_sim.openai_api import ApiError, GenParams, check_prompt_len, parse_gen_params
 from vllm_sim.publisher import ZmqEventPublisher
 from vllm_sim.tokenize import PromptTokenizer
 
@@ -151,18 +151,17 @@ class SimServer:
 
     # --- tokenization endpoints
 
-    async def _ids_for(self, request: web.Request) -> tuple[dict[str, Any], list[int], bool]:
-        body = await read_json(request)
-        chat = "messages" in body
-        self.frontend.resolve_model(body.get("model") or self.cfg.model_name)
-        return body, await self.frontend.prompt_ids(body, chat), chat
-
     async def tokenize(self, request: web.Request) -> web.Response:
         """vLLM's ``/tokenize`` for completion-shaped (``prompt``) or chat-shaped (``messages``) bodies."""
         try:
-            _, ids, _ = await self._ids_for(request)
+            body = await read_json(request)
+            self.frontend.resolve_model(body.get("model") or self.cfg.model_name)
+            prompts = await self.frontend.prompt_ids(body, "messages" in body)
+            if len(prompts) != 1:
+                raise ApiError(400, "/tokenize takes one prompt")
         except ApiError as err:
             return error_response(err)
+        ids = prompts[0]
         return json_response(
             {
                 "count": len(ids),
@@ -177,11 +176,18 @@ class SimServer:
             body = await read_json(request)
             params = parse_gen_params(body, self.cfg.model_name, chat)
             self.frontend.resolve_model(params.model)
-            ids = await self.frontend.prompt_ids(body, chat)
-            check_prompt_len(len(ids), params.max_tokens, self.cfg.engine.max_model_len)
+            prompts = await self.frontend.prompt_ids(body, chat)
+            for ids in prompts:
+                check_prompt_len(len(ids), params.max_tokens, self.cfg.engine.max_model_len)
         except ApiError as err:
             return error_response(err)
-        rendered = {
+        rendered = [self._generate_request(ids, params, chat) for ids in prompts]
+        return json_response(rendered[0] if chat else rendered)
+
+    @staticmethod
+    def _generate_request(ids: list[int], params: GenParams, chat: bool) -> dict[str, Any]:
+        """The render endpoints' answer for one prompt (vLLM's ``GenerateRequest``, approximately)."""
+        return {
             "request_id": ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
             "token_ids": ids,
             "features": None,
@@ -196,7 +202,6 @@ class SimServer:
             "priority": 0,
             "kv_transfer_params": None,
         }
-        return json_response(rendered if chat else [rendered])
 
     async def render_completion(self, request: web.Request) -> web.Response:
         return await self._render(request, chat=False)

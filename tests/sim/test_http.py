@@ -257,3 +257,18 @@ async def test_an_engine_failure_answers_500_instead_of_hanging(tokenizer: Promp
             status, err = await _post(f"{cluster.urls[0]}/v1/completions", {"prompt": "Hi"})
             assert status == 500 and err["error"]["type"] == "InternalServerError"
         assert (await _get(f"{cluster.urls[0]}/health"))[0] == 500
+
+
+async def test_several_prompts_give_one_choice_each_with_summed_usage(base: str) -> None:
+    body = {"prompt": ["Hello", [1, 2, 3]], "max_tokens": 3}
+    _, out = await _post(f"{base}/v1/completions", body)
+    assert [c["index"] for c in out["choices"]] == [0, 1]
+    assert all(c["text"] == " The quick brown" for c in out["choices"])
+    assert out["usage"]["prompt_tokens"] == 1 + 3 and out["usage"]["completion_tokens"] == 6
+    events = await _sse(f"{base}/v1/completions", {**body, "stream": True})
+    by_index: dict[int, str] = {0: "", 1: ""}
+    for e in events[:-1]:
+        by_index[e["choices"][0]["index"]] += e["choices"][0]["text"]
+    assert by_index == {0: " The quick brown", 1: " The quick brown"}
+    finished = [e["choices"][0]["index"] for e in events[:-1] if e["choices"][0]["finish_reason"]]
+    assert sorted(finished) == [0, 1]
