@@ -13,8 +13,7 @@ Recipe (vLLM 0.29 – 0.33, ``vllm/v1/core/kv_cache_utils.py`` and ``vllm/utils/
 * Events carry the low 64 bits of a digest (last 8 bytes, big-endian) unless
   ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``, in which case they carry the raw digest.
 
-This module deliberately shares no code with ``extproc``: the simulator exists to check the router
-independently.
+This module deliberately shares no code with ``extproc``: the simulator exists to check the router independently.
 """
 
 from __future__ import annotations
@@ -94,8 +93,7 @@ def event_extra_keys(keys: ExtraKeys) -> tuple[str, ...] | None:
 class BlockHasher:
     """Chained block hashing for one engine (one algorithm, one seed, one block size).
 
-    Built once per engine, like vLLM's ``init_none_hash`` + ``get_request_block_hasher``; holds no global
-    state.
+    Built once per engine, like vLLM's ``init_none_hash`` + ``get_request_block_hasher``; holds no global state.
     """
 
     def __init__(self, algo: HashAlgo, seed: str, block_size: int) -> None:

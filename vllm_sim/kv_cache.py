@@ -79,8 +79,7 @@ class BlockPool:
             self._ref[b] += 1
 
     def allocate(self, n: int) -> list[int]:
-        """Pop ``n`` blocks from the head of the free queue, evicting their cached hashes. Caller checks
-        space."""
+        """Pop ``n`` blocks from the head of the free queue, evicting their cached hashes. Caller checks space."""
         out: list[int] = []
         for _ in range(n):
             b, _ = self._free.popitem(last=False)
@@ -108,8 +107,7 @@ class BlockPool:
                 self._free[b] = None
 
     def cache_full_blocks(self, req: SimRequest, num_full_blocks: int) -> None:
-        """Register ``req``'s blocks ``[req.num_cached_blocks, num_full_blocks)`` under their hashes (one
-        event)."""
+        """Register ``req``'s blocks ``[req.num_cached_blocks, num_full_blocks)`` under their hashes (one event)."""
         start = req.num_cached_blocks
         if not self.enable_caching or num_full_blocks <= start:
             return

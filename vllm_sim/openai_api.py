@@ -1,5 +1,4 @@
-"""OpenAI-compatible request parsing and response shapes, as vLLM 0.33's OpenAI server has them. Pure
-functions.
+"""OpenAI-compatible request parsing and response shapes, as vLLM 0.33's OpenAI server has them. Pure functions.
 
 Errors are :class:`ApiError` (status + vLLM's error ``type``); :func:`error_body` renders vLLM's
 ``{"error": {"message", "type", "param", "code"}}``.

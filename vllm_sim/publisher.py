@@ -5,8 +5,7 @@
   ``[identity, b"", topic, seq8, payload]`` per buffered batch with ``seq >= start``, then the end marker
   ``[identity, b"", b"", ff*8, b""]``. Only the last ``buffer_steps`` batches are kept. With ``legacy_replay``
   (vLLM <= 0.25) the topic frame is absent from both.
-* The PUB socket binds when the endpoint contains ``*`` or ``::`` or is ``ipc://``/``inproc://``, else
-  connects.
+* The PUB socket binds when the endpoint contains ``*`` or ``::`` or is ``ipc://``/``inproc://``, else connects.
 
 Encoding is delegated to :class:`vllm_sim.events.EventEncoder`; this module knows frames and sockets only.
 """
@@ -35,8 +34,7 @@ def is_bind_endpoint(endpoint: str) -> bool:
 
 
 class ZmqEventPublisher:
-    """PUB + optional ROUTER replay for one server. Call :meth:`start` inside the event loop, :meth:`close`
-    after."""
+    """PUB + optional ROUTER replay for one server. Call :meth:`start` inside the event loop, :meth:`close` after."""
 
     def __init__(
         self,

@@ -60,8 +60,7 @@ class OutputStream:
 
 @dataclass(eq=False, slots=True)
 class SimRequest:
-    """Engine state of one request. ``output_len`` is resolved at admission from max/min tokens and EOS
-    rules."""
+    """Engine state of one request. ``output_len`` is resolved at admission from max/min tokens and EOS rules."""
 
     request_id: str
     prompt_token_ids: list[int]

@@ -27,8 +27,7 @@ from vllm_sim.tokenize import PromptTokenizer
 
 
 class SimServer:
-    """A vLLM look-alike on one port. ``await start()`` inside a running loop; ``await stop()`` to release
-    all."""
+    """A vLLM look-alike on one port. ``await start()`` inside a running loop; ``await stop()`` to release all."""
 
     def __init__(self, cfg: ServerConfig, tokenizer: PromptTokenizer, zmq_ctx: zmq.asyncio.Context) -> None:
         self.cfg = cfg

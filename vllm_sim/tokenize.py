@@ -4,8 +4,7 @@
   continue_final_message=..., tools=..., **chat_template_kwargs)``. With ``add_special_tokens=True`` the
   rendered
   text is tokenized with special tokens added instead (vLLM's ``add_special_tokens`` request field).
-* Completions: ``tokenizer(prompt, add_special_tokens=True)["input_ids"]``; token-id prompts bypass this
-  module.
+* Completions: ``tokenizer(prompt, add_special_tokens=True)["input_ids"]``; token-id prompts bypass this module.
 
 Tokenizing costs about 1 µs per token, so results are cached by the exact request inputs; the work itself
 runs in
