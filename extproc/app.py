@@ -15,6 +15,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from extproc.backends.dns import DnsDiscovery, DnsResolver, system_nameserver
 from extproc.backends.inflight import InflightLoad
 from extproc.backends.registry import EndpointRegistry
 from extproc.backends.scraper import Scraper
@@ -92,6 +93,8 @@ class App:
             discover_interval_s=config.scrape.discover_interval_s,
             on_scrape=self.inflight.scraped,
         )
+        self.discovery = self._build_discovery()
+        self._cleanups: set[asyncio.Task[None]] = set()
         self.router = Router(
             self._router_deps(),
             RouterSettings(
@@ -108,6 +111,37 @@ class App:
         self._metrics_runner: web.AppRunner | None = None
         self.grpc_port = 0
         self.metrics_port = 0
+
+    def _build_discovery(self) -> DnsDiscovery | None:
+        dns = self.config.discovery.dns
+        if dns is None:
+            return None
+        if dns.nameserver:
+            host, _, port = dns.nameserver.rpartition(":")
+            nameserver = (host.strip("[]"), int(port))
+        else:
+            nameserver = system_nameserver()
+        resolver = DnsResolver(nameserver, timeout_s=dns.timeout_s)
+        return DnsDiscovery(resolver, dns.name, dns.port, interval_s=dns.interval_s, on_change=self._discovered)
+
+    def _discovered(self, found: frozenset[EndpointId]) -> None:
+        """Discovery changed the set: static endpoints plus ``found``; gone endpoints' cache entries cleared."""
+        static = {EndpointId(e.address): frozenset(e.models) for e in self.config.endpoints}
+        ids = [*static, *sorted(found - static.keys())]
+        gone = set(self.registry.snapshot()) - set(ids)
+        self.registry.sync(Endpoint(eid, models=static.get(eid, frozenset())) for eid in ids)
+        self.scraper.set_targets({eid: f"http://{eid}" for eid in ids})
+        for eid in gone:
+            task = asyncio.create_task(self._forget(eid))
+            self._cleanups.add(task)
+            task.add_done_callback(self._cleanups.discard)
+
+    async def _forget(self, eid: EndpointId) -> None:
+        for index in (self.precise, self.approx):
+            try:
+                await index.clear(eid)
+            except Exception as exc:  # best effort: a gone endpoint is never a candidate anyway
+                log.warning("clearing the index entries of %s failed: %s", eid, exc)
 
     def _approx_capacity(self, eid: EndpointId) -> int:
         state = self.registry.snapshot().get(eid)
@@ -135,6 +169,8 @@ class App:
     async def start(self) -> None:
         """Start scraping, serve gRPC (readiness NOT_SERVING until the first scrape round), serve metrics."""
         listen = self.config.listen
+        if self.discovery is not None:
+            await self.discovery.start()
         await self.scraper.start()
         failed = await self.preparer.warm_up()
         for model, error in failed.items():
@@ -183,6 +219,8 @@ class App:
         self.metrics_port = int(addresses[0][1]) if addresses else port
 
     async def stop(self) -> None:
+        if self.discovery is not None:
+            await self.discovery.stop()
         if self._server:
             await self._server.stop(grace_s=1.0)
         if self._metrics_runner:

@@ -55,6 +55,37 @@ class EndpointConfig(_Strict):
         return _check_hostport(value)
 
 
+class DnsDiscoveryConfig(_Strict):
+    name: str = Field(description="DNS name whose A records are the model servers, e.g. a headless Service's FQDN")
+    port: int = Field(ge=1, lt=65536, description="the model servers' HTTP port (the same on every one)")
+    interval_s: float = Field(5.0, gt=0, description="how often the name is resolved again")
+    timeout_s: float = Field(1.0, gt=0, description="per lookup")
+    nameserver: str | None = Field(None, description="ip:port of the DNS server; None = /etc/resolv.conf's first")
+    kv_events: KvEventsConfig | None = Field(
+        None, description="each discovered endpoint's KV events; `{ip}` in the endpoints becomes its IP"
+    )
+
+    @field_validator("nameserver")
+    @classmethod
+    def _nameserver(cls, value: str | None) -> str | None:
+        return None if value is None else _check_hostport(value)
+
+    def kv_events_for(self, ip: str) -> KvEventsConfig | None:
+        """The KV-event config of the endpoint at ``ip`` (the template with ``{ip}`` filled in)."""
+        if self.kv_events is None:
+            return None
+        replay = self.kv_events.replay_endpoint
+        return KvEventsConfig(
+            endpoint=self.kv_events.endpoint.replace("{ip}", ip),
+            replay_endpoint=None if replay is None else replay.replace("{ip}", ip),
+            topic=self.kv_events.topic,
+        )
+
+
+class DiscoveryConfig(_Strict):
+    dns: DnsDiscoveryConfig | None = Field(None, description="add the A records of a DNS name as endpoints")
+
+
 class ScrapeConfig(_Strict):
     interval_s: float = Field(0.1, gt=0, description="how often each endpoint's /metrics is read")
     timeout_s: float = Field(0.5, gt=0, description="per scrape")
@@ -146,7 +177,8 @@ class LoggingConfig(_Strict):
 class RouterConfig(_Strict):
     listen: ListenConfig = ListenConfig()
     models: tuple[ModelConfig, ...] = Field(min_length=1)
-    endpoints: tuple[EndpointConfig, ...] = Field(min_length=1)
+    endpoints: tuple[EndpointConfig, ...] = Field((), description="static model servers; may be empty with discovery")
+    discovery: DiscoveryConfig = DiscoveryConfig()
     scrape: ScrapeConfig = ScrapeConfig()
     scheduling: SchedulingConfig = SchedulingConfig()
     tenants: TenantsConfig = TenantsConfig()
@@ -158,6 +190,8 @@ class RouterConfig(_Strict):
 
     @model_validator(mode="after")
     def _unique(self) -> RouterConfig:
+        if not self.endpoints and self.discovery.dns is None:
+            raise ValueError("endpoints: at least one is required unless discovery.dns is set")
         addresses = [e.address for e in self.endpoints]
         if len(set(addresses)) != len(addresses):
             raise ValueError("endpoint addresses must be unique")

@@ -40,6 +40,12 @@ class EndpointRegistry:
     def snapshot(self) -> Mapping[EndpointId, EndpointState]:
         return self._states
 
+    def sync(self, endpoints: Iterable[Endpoint]) -> None:
+        """Make the endpoint set exactly ``endpoints`` (discovery): known ones keep their state, new ones start
+        unscraped, absent ones are dropped. Updates for a dropped endpoint are ignored from then on."""
+        old = self._states
+        self._states = MappingProxyType({e.id: old.get(e.id) or EndpointState(e) for e in endpoints})
+
     def _swap(self, eid: EndpointId, state: EndpointState) -> None:
         states = dict(self._states)
         states[eid] = state
@@ -47,7 +53,9 @@ class EndpointRegistry:
 
     def scraped(self, eid: EndpointId, metrics: EngineMetrics) -> None:
         """A scrape succeeded: fresh load, endpoint healthy, KV capacity learned."""
-        old = self._states[eid]
+        old = self._states.get(eid)
+        if old is None:  # dropped by discovery while its scrape was in flight
+            return
         endpoint = replace(
             old.endpoint,
             healthy=True,
@@ -57,7 +65,9 @@ class EndpointRegistry:
 
     def failed(self, eid: EndpointId, *, unreachable: bool, unhealthy_after: int = 2) -> None:
         """A scrape failed. Garbage or slow metrics make the load unknown; only refusals make it unhealthy."""
-        old = self._states[eid]
+        old = self._states.get(eid)
+        if old is None:
+            return
         unreach = old.unreachable + 1 if unreachable else 0
         healthy = unreach < unhealthy_after
         self._swap(
@@ -72,5 +82,7 @@ class EndpointRegistry:
 
     def discovered(self, eid: EndpointId, models: frozenset[str], adapters: frozenset[str]) -> None:
         """``/v1/models`` answered: what the endpoint serves."""
-        old = self._states[eid]
+        old = self._states.get(eid)
+        if old is None:
+            return
         self._swap(eid, replace(old, endpoint=replace(old.endpoint, models=models, adapters=adapters)))

@@ -41,17 +41,38 @@ class Scraper:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._discover_every = max(1, round(discover_interval_s / interval_s))
         self._on_scrape = on_scrape
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[EndpointId, asyncio.Task[None]] = {}
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(timeout=self._timeout)
-        self._tasks = [asyncio.create_task(self._loop(eid), name=f"scrape {eid}") for eid in self._urls]
+        for eid in self._urls:
+            self._start_loop(eid)
+
+    def _start_loop(self, eid: EndpointId) -> None:
+        self._tasks[eid] = asyncio.create_task(self._loop(eid), name=f"scrape {eid}")
+
+    def set_targets(self, urls: Mapping[EndpointId, str]) -> None:
+        """Scrape exactly ``urls`` from now on (discovery): loops start for new endpoints and stop for gone
+        ones. Metrics are read at ``<url>/metrics``, except for endpoints given a metrics URL at construction."""
+        for eid in set(self._urls) - set(urls):
+            task = self._tasks.pop(eid, None)
+            if task is not None:
+                task.cancel()
+            del self._urls[eid]
+        for eid, url in urls.items():
+            if eid in self._urls:
+                continue
+            self._urls[eid] = url
+            self._metrics_urls.setdefault(eid, f"{url}/metrics")
+            if self._session is not None:
+                self._start_loop(eid)
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = list(self._tasks.values())
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         if self._session:
@@ -72,7 +93,8 @@ class Scraper:
         except (aiohttp.ClientError, TimeoutError, MetricsParseError, UnicodeDecodeError) as exc:
             self._fail(eid, exc, unreachable=False)
             return
-        was_failing = self._registry.snapshot()[eid].failures > 0
+        state = self._registry.snapshot().get(eid)
+        was_failing = state is not None and state.failures > 0
         self._registry.scraped(eid, metrics)
         if was_failing:
             log.info("metrics of %s readable again", eid)
@@ -80,7 +102,8 @@ class Scraper:
             self._on_scrape(eid)
 
     def _fail(self, eid: EndpointId, exc: BaseException, *, unreachable: bool) -> None:
-        if self._registry.snapshot()[eid].failures == 0:
+        state = self._registry.snapshot().get(eid)
+        if state is not None and state.failures == 0:
             log.warning("scrape of %s failed (%s: %s); its load is unknown", eid, type(exc).__name__, exc)
         self._registry.failed(eid, unreachable=unreachable)
 

