@@ -168,6 +168,14 @@ def build_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Server
     )
 
 
+def config_from_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> ServerConfig:
+    """Server 0's config from ``vllm-sim`` arguments, for embedding; unknown flags raise ValueError."""
+    args, unknown = parse_args(argv)
+    if unknown:
+        raise ValueError(f"unknown vllm-sim flags: {' '.join(unknown)}")
+    return build_config(args, {} if environ is None else environ)
+
+
 async def serve(config: ServerConfig, n: int) -> None:
     """Run ``n`` servers until SIGTERM/SIGINT."""
     stop = asyncio.Event()

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from vllm_sim.cli import build_config, parse_args
+from vllm_sim.cli import config_from_args
 from vllm_sim.config import ServerConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,6 +24,4 @@ def load_golden(name: str) -> Any:
 def sim_config(*flags: str, env: Mapping[str, str] | None = None) -> ServerConfig:
     """A server config from vllm-sim flags (fast timing, free port, 127.0.0.1) plus ``flags``."""
     base = ["--host", "127.0.0.1", "--port", "0", "--sim-profile", "fast", "--tokenizer", str(TOKENIZER_DIR)]
-    args, unknown = parse_args([*base, *flags])
-    assert not unknown, unknown
-    return build_config(args, env or {})
+    return config_from_args([*base, *flags], env)
