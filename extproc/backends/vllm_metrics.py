@@ -7,6 +7,7 @@ Parses only the lines we need from the Prometheus text format, without a general
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -102,6 +103,10 @@ def parse_metrics(text: str) -> EngineMetrics:
         raise MetricsParseError("not a vLLM metrics page: no running/waiting gauges")
     kv_name = KV_USAGE if KV_USAGE in sums else OLD_KV_USAGE
     kv = sums.get(kv_name, 0.0) / max(counts.get(kv_name, 1), 1)
+    # NaN, infinite or negative load gauges are garbage, not an idle engine: refusing them makes the load
+    # unknown (and keeps int() below from raising ValueError/OverflowError past the scraper's handlers).
+    if not all(math.isfinite(v) and v >= 0 for v in (sums[RUNNING], sums[WAITING], kv)):
+        raise MetricsParseError("load gauges must be finite and non-negative")
     return EngineMetrics(
         running=int(sums[RUNNING]),
         waiting=int(sums[WAITING]),
