@@ -9,7 +9,7 @@ from aiohttp import web
 
 from vllm_sim.config import ServerConfig
 from vllm_sim.hashing import LoraKey
-from vllm_sim.openai_api import ApiError, error_body, parse_chat_input, parse_prompts
+from vllm_sim.openai_api import ApiError, error_body, parse_chat_input, parse_prompts, truncate
 from vllm_sim.tokenize import PromptTokenizer, TemplateError
 
 FILLER_TEXT = " The quick brown fox jumps over the lazy dog."
@@ -72,18 +72,20 @@ class Frontend:
     async def prompt_ids(self, body: dict[str, Any], chat: bool) -> list[list[int]]:
         """Token ids of each prompt of a chat (one) or completion body, exactly as vLLM renders them.
 
+        ``truncate_prompt_tokens`` / ``truncation_side`` apply after tokenization, as in vLLM.
         Raises ApiError(400) for malformed prompts, template errors and out-of-vocabulary ids.
         """
         try:
+            max_len = self.cfg.engine.max_model_len
             if chat:
-                return [await self.tokenizer.chat(parse_chat_input(body))]
+                return [truncate(await self.tokenizer.chat(parse_chat_input(body)), body, max_len)]
             add_special = body.get("add_special_tokens", True) is not False
             out: list[list[int]] = []
             for prompt in parse_prompts(body):
                 if isinstance(prompt, list):
-                    out.append(self._check_ids(prompt))
+                    out.append(truncate(self._check_ids(prompt), body, max_len))
                 else:
-                    out.append(await self.tokenizer.completion(prompt, add_special))
+                    out.append(truncate(await self.tokenizer.completion(prompt, add_special), body, max_len))
             return out
         except TemplateError as exc:
             raise ApiError(400, f"Chat template error: {exc}") from None

@@ -64,6 +64,36 @@ def _bool(body: dict[str, Any], key: str, default: bool) -> bool:
     return value
 
 
+def _cache_salt(body: dict[str, Any]) -> str | None:
+    """vLLM's cache_salt rules: a non-empty string of at most 128 characters without ``@ / \\`` or NUL."""
+    salt = body.get("cache_salt")
+    if salt is None:
+        return None
+    if not isinstance(salt, str) or not salt:
+        raise ApiError(400, "Parameter 'cache_salt' must be a non-empty string if provided.")
+    if len(salt) > 128 or any(c in salt for c in "@/\\\0"):
+        raise ApiError(
+            400, "Parameter 'cache_salt' must be at most 128 characters and contain no '@', '/', '\\' or NUL."
+        )
+    return salt
+
+
+def truncate(ids: list[int], body: dict[str, Any], max_model_len: int) -> list[int]:
+    """vLLM's ``truncate_prompt_tokens`` (k >= 1, or -1 for max_model_len) and ``truncation_side``."""
+    k = body.get("truncate_prompt_tokens")
+    if k is None:
+        return ids
+    if isinstance(k, bool) or not isinstance(k, int) or (k < 1 and k != -1):
+        raise ApiError(400, "truncate_prompt_tokens must be -1 or a positive integer")
+    k = max_model_len if k == -1 else k
+    side = body.get("truncation_side") or "left"
+    if side not in ("left", "right"):
+        raise ApiError(400, "truncation_side must be 'left' or 'right'")
+    if len(ids) <= k:
+        return ids
+    return ids[-k:] if side == "left" else ids[:k]
+
+
 def parse_gen_params(body: dict[str, Any], default_model: str, chat: bool) -> GenParams:
     """Validate the fields shared by both endpoints; raises ApiError(400)."""
     model = body.get("model") or default_model
@@ -83,9 +113,7 @@ def parse_gen_params(body: dict[str, Any], default_model: str, chat: bool) -> Ge
     options = body.get("stream_options")
     if options is not None and (not stream or not isinstance(options, dict)):
         raise ApiError(400, "Stream options can only be defined when `stream=True`.")
-    salt = body.get("cache_salt")
-    if salt is not None and (not isinstance(salt, str) or not salt):
-        raise ApiError(400, "Parameter 'cache_salt' must be a non-empty string if provided.")
+    salt = _cache_salt(body)
     return GenParams(
         model=model,
         max_tokens=max_tokens,

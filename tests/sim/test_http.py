@@ -272,3 +272,20 @@ async def test_several_prompts_give_one_choice_each_with_summed_usage(base: str)
     assert by_index == {0: " The quick brown", 1: " The quick brown"}
     finished = [e["choices"][0]["index"] for e in events[:-1] if e["choices"][0]["finish_reason"]]
     assert sorted(finished) == [0, 1]
+
+
+async def test_truncate_prompt_tokens_keeps_the_tail_by_default(base: str) -> None:
+    ids = list(range(1000, 1100))
+    _, tok = await _post(f"{base}/v1/completions/render", {"prompt": ids, "truncate_prompt_tokens": 10})
+    assert tok[0]["token_ids"] == ids[-10:]
+    body = {"prompt": ids, "truncate_prompt_tokens": 10, "truncation_side": "right"}
+    _, tok = await _post(f"{base}/v1/completions/render", body)
+    assert tok[0]["token_ids"] == ids[:10]
+    _, out = await _post(f"{base}/v1/completions", {"prompt": ids, "truncate_prompt_tokens": 10, "max_tokens": 1})
+    assert out["usage"]["prompt_tokens"] == 10
+
+
+@pytest.mark.parametrize("salt", ["", "a/b", "a@b", "x" * 129], ids=["empty", "slash", "at", "too-long"])
+async def test_invalid_cache_salt_is_400(base: str, salt: str) -> None:
+    status, _ = await _post(f"{base}/v1/completions", {"prompt": "Hi", "cache_salt": salt})
+    assert status == 400
