@@ -144,20 +144,29 @@ def _summary(label: str, results: list[ChatResult]) -> str:
             f"({share:.0f}%)   cache hits {hits}/{len(results)}")  # fmt: skip
 
 
-def print_table(script: list[Turn], picked: list[ChatResult], baseline: list[ChatResult], backends: list[str]) -> None:
+def print_table(
+    script: list[Turn],
+    picked: list[ChatResult],
+    baseline: list[ChatResult],
+    backends: list[str],
+    why: list[str],
+) -> None:
+    """One line per request, both runs side by side; ``why`` is the picker's reason and its predicted cached
+    tokens per request (from Envoy's access log, ``reason/predicted``)."""
     names = {b: f"b{i}" for i, b in enumerate(backends)}
     print("backends: " + "  ".join(f"{name}={b}" for b, name in names.items()))
     print()
-    print(f"{'':44} {'through the picker':^24}   {'Envoy round robin':^24}")
-    print(f"{'#':>2}  {'user':<6} {'what':<30} {'tokens':>6}  {'backend':>7} {'cached':>6} {'TTFT ms':>8}"
-          f"   {'backend':>7} {'cached':>6} {'TTFT ms':>8}")  # fmt: skip
-    for i, (turn, p, b) in enumerate(zip(script, picked, baseline, strict=True), start=1):
-        print(f"{i:>2}  {turn.user:<6} {turn.what:<30} {p.prompt_tokens:>6}  {_cell(p, names)}"
+    print(f"{'':44} {'through the picker':^38}   {'Envoy round robin':^24}")
+    print(f"{'#':>2}  {'user':<6} {'what':<30} {'tokens':>6}  {'picker says':>13} {'backend':>7} {'cached':>6} "
+          f"{'TTFT ms':>8}   {'backend':>7} {'cached':>6} {'TTFT ms':>8}")  # fmt: skip
+    for i, (turn, p, b, w) in enumerate(zip(script, picked, baseline, why, strict=True), start=1):
+        print(f"{i:>2}  {turn.user:<6} {turn.what:<30} {p.prompt_tokens:>6}  {w:>13} {_cell(p, names)}"
               f"   {_cell(b, names)}")  # fmt: skip
     print()
     print("summary:")
     print(_summary("through the picker", picked))
     print(_summary("Envoy round robin", baseline))
+    print("(picker says: its reason and the cached tokens it predicted; cached: what the backend reported)")
 
 
 def run_demo(args: argparse.Namespace, workdir: Path) -> int:
@@ -173,8 +182,9 @@ def run_demo(args: argparse.Namespace, workdir: Path) -> int:
     with stack:
         print(f"stack up in {time.monotonic() - started:.1f} s (logs in {workdir})", flush=True)
         picked, baseline = _both_runs(stack, script)
+        why = _picker_reasons(stack, len(script))
         print()
-        print_table(script, picked, baseline, stack.backends)
+        print_table(script, picked, baseline, stack.backends, why)
     pids = stack.processes()
     state = "still running!" if stack.running else "stopped"
     print(f"\n{len(pids)} processes {state} (pids {' '.join(map(str, pids))}); "
@@ -195,6 +205,16 @@ def _both_runs(stack: Stack, script: list[Turn]) -> tuple[list[ChatResult], list
     print("run 2: through Envoy's own round robin (no picker), caches reset ...", flush=True)
     baseline = asyncio.run(asyncio.wait_for(replay(stack.url_for("round_robin"), script), RUN_TIMEOUT_S))
     return picked, baseline
+
+
+def _picker_reasons(stack: Stack, count: int) -> list[str]:
+    """``reason/predicted`` for the picker run's last ``count`` requests, from the picker Envoy's access log
+    (it logs the request headers the picker set; requests were sequential, so lines are in order)."""
+    try:
+        entries = stack.envoys["picker"].wait_for_access_log(count + 1, timeout_s=3.0)[-count:]
+    except TimeoutError:
+        return ["?"] * count
+    return [f"{e.reason or '-'}/{e.cached or '-'}" for e in entries]
 
 
 def _main(args: argparse.Namespace) -> int:

@@ -19,7 +19,9 @@ pytestmark = [pytest.mark.envoy, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCK = 16
-_ROW = re.compile(r"^\s*(\d+)\s+(\w+)\s+(.+?)\s+(\d+)\s+(b\d+)\s+(\d+)\s+([\d.]+)\s+(b\d+)\s+(\d+)\s+([\d.]+)\s*$")
+_ROW = re.compile(
+    r"^\s*(\d+)\s+(\w+)\s+(.+?)\s+(\d+)\s+(\S+/\S+)\s+(b\d+)\s+(\d+)\s+([\d.]+)\s+(b\d+)\s+(\d+)\s+([\d.]+)\s*$"
+)
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class Row:
     user: str
     what: str
     tokens: int
+    picker_says: str  # reason/predicted cached tokens, from Envoy's access log
     picker: Side
     round_robin: Side
 
@@ -44,8 +47,8 @@ def parse_rows(stdout: str) -> list[Row]:
         m = _ROW.match(line)
         if m:
             g = m.groups()
-            rows.append(Row(g[1], g[2], int(g[3]), Side(g[4], int(g[5]), float(g[6])),
-                            Side(g[7], int(g[8]), float(g[9]))))  # fmt: skip
+            rows.append(Row(g[1], g[2], int(g[3]), g[4], Side(g[5], int(g[6]), float(g[7])),
+                            Side(g[8], int(g[9]), float(g[10]))))  # fmt: skip
     return rows
 
 
@@ -81,6 +84,8 @@ def test_the_second_question_about_the_document_hits_the_first_backends_cache(de
     assert conclusion.picker.backend == summary.picker.backend
     # Everything but the last partial block and the question differs from nothing: nearly the whole prompt.
     assert conclusion.picker.cached >= conclusion.tokens - 3 * BLOCK, conclusion
+    # The picker chose it for its cache and predicted exactly what the backend then reported.
+    assert conclusion.picker_says == f"cache/{conclusion.picker.cached}", conclusion
 
 
 def test_the_leading_space_variant_has_only_the_system_prompt_block_cached(demo_output: str) -> None:
