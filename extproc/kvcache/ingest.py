@@ -110,6 +110,13 @@ class Ingest:
         log.info("kv ingest: purged %s (%s)", endpoint, reason)
         return True
 
+    def mark_complete(self, endpoint: EndpointId) -> None:
+        """The endpoint's whole event history has been applied (a bootstrap replay from seq 0): its entries
+        are exact, even if there are none, so it is not cold (unless index writes failed on the way)."""
+        st = self.state(endpoint)
+        if not st.needs_purge:
+            st.cold = False
+
     async def apply(self, endpoint: EndpointId, batch: EventBatch) -> None:
         """Apply one batch in order. Never raises for index failures (they schedule a purge instead)."""
         st = self.state(endpoint)

@@ -2,16 +2,22 @@
 
 Per endpoint (one task, so its batches are applied strictly in order)::
 
-    first message            -> baseline sequence number
+    socket (re)connected     -> purge (we cannot know what we missed), then bootstrap: replay from seq 0;
+                                if the engine still buffers its whole history (first replayed seq is 0,
+                                or nothing was ever published) the index is rebuilt exactly and the endpoint
+                                is warm at once; otherwise the replayed tail is applied and it stays cold
+    first message            -> baseline sequence number (when no bootstrap set one)
+    seq <= bootstrap's last  -> already applied by the bootstrap replay: skipped
     seq == last + 1          -> apply
     seq <= last              -> the engine restarted (it counts from 0 again): purge, apply
     seq >  last + 1          -> gap: DEALER replay of [last+1, seq) from the engine's ROUTER, then apply;
                                 no replay endpoint, timeout, or an incomplete replay (the buffer no longer
-                                holds the start) -> purge, apply
-    socket (re)connected     -> purge and forget the baseline (we cannot know what we missed)
+                                holds the start) -> purge, apply the replayed tail, apply
     bad frames / payload     -> counted, logged (rate-limited), skipped; the stream carries on
 
 "Purge" = clear the endpoint's index entries and mark it cold until events refill it (``Ingest.purge``).
+Applying only a *tail* of an engine's history never invents blocks (``replay.contiguous_tail``), so partial
+replays are applied rather than thrown away.
 
 Modes: ``connect`` (we dial each engine's PUB, the usual case) or ``bind`` (we bind and the engine dials us;
 vLLM connects when its endpoint has no ``*``). The replay socket is always the engine's, so we always dial it.
@@ -34,14 +40,8 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from extproc.kvcache.events import (
-    EventDecodeError,
-    ReplayItem,
-    decode_batch,
-    parse_frames,
-    parse_replay_reply,
-    replay_request,
-)
+from extproc.kvcache import replay
+from extproc.kvcache.events import EventDecodeError, ReplayItem, decode_batch, parse_frames
 from extproc.kvcache.ingest import Ingest
 from extproc.types import EndpointId
 
@@ -98,6 +98,9 @@ class StreamCounters:
     replays: int = 0
     replay_failures: int = 0  # timeout, error, or incomplete: each ends in a purge
     replayed_batches: int = 0
+    bootstraps: int = 0  # replays from seq 0 after a (re)connect
+    bootstraps_complete: int = 0  # ... that found the engine's whole history
+    duplicates: int = 0  # live messages the bootstrap had already applied
     restarts: int = 0  # sequence went backwards
     reconnects: int = 0
     loop_errors: int = 0
@@ -106,7 +109,8 @@ class StreamCounters:
 @dataclass
 class _Stream:
     source: EventSource
-    last_seq: int | None = None
+    last_seq: int | None = None  # -1: an empty history was bootstrapped, the next message must be seq 0
+    skip_through: int | None = None  # live messages up to this seq were already applied by the bootstrap
     connections: int = 0
     ever_connected: bool = False
     last_event_s: float | None = None
@@ -162,7 +166,7 @@ class KvEventSubscriber:
             connected=stream.connections > 0,
             trusted=st.trusted,
             cold=st.cold,
-            last_seq=stream.last_seq,
+            last_seq=stream.last_seq if stream.last_seq is not None and stream.last_seq >= 0 else None,
             last_event_s=stream.last_event_s,
         )
 
@@ -245,8 +249,9 @@ class KvEventSubscriber:
                 self.counters.reconnects += 1
             reason = "reconnected" if stream.ever_connected else "stream started"
             stream.ever_connected = True
-            stream.last_seq = None  # whatever comes next is a new baseline
+            stream.last_seq, stream.skip_through = None, None  # whatever comes next is a new baseline
             await self.ingest.purge(endpoint, reason)
+            await self._bootstrap(stream)
         elif event == zmq.EVENT_DISCONNECTED:
             stream.connections = max(0, stream.connections - 1)
             log.info("kv events: %s disconnected", endpoint)
@@ -259,6 +264,11 @@ class KvEventSubscriber:
             self._warn(stream, "bad frames: %s", exc)
             return
         self.counters.messages += 1
+        if stream.skip_through is not None:
+            if seq <= stream.skip_through:
+                self.counters.duplicates += 1
+                return
+            stream.skip_through = None
         endpoint, last = stream.source.endpoint, stream.last_seq
         if last is not None and seq <= last:
             self.counters.restarts += 1
@@ -279,47 +289,49 @@ class KvEventSubscriber:
         await self.ingest.apply(stream.source.endpoint, batch)
         stream.last_event_s = self._clock()
 
+    async def _bootstrap(self, stream: _Stream) -> None:
+        """Rebuild the endpoint from the engine's replay buffer, from seq 0 (after a purge)."""
+        endpoint, address, opt = stream.source.endpoint, stream.source.replay_address, self.options
+        if address is None:
+            return
+        self.counters.bootstraps += 1
+        items = await replay.fetch(
+            self._ctx, address, 0, until=None, timeout_s=opt.replay_timeout_s, max_batches=opt.replay_max_batches
+        )
+        if items is None:
+            return
+        tail = replay.contiguous_tail(items)
+        await self._apply_replayed(stream, tail)
+        complete = len(tail) == len(items) and (not items or items[0].seq == 0)
+        stream.last_seq = tail[-1].seq if tail else -1 if complete else None
+        stream.skip_through = tail[-1].seq if tail else None
+        if complete:
+            self.counters.bootstraps_complete += 1
+            self.ingest.mark_complete(endpoint)
+        log.info("kv events: %s bootstrapped %d batches (%s)", endpoint, len(tail),
+                 "complete" if complete else "history incomplete: cold")  # fmt: skip
+
     async def _recover(self, stream: _Stream, start: int, until: int) -> None:
-        """Fill the gap [start, until) by replay, or purge if that cannot be done completely."""
-        endpoint, address = stream.source.endpoint, stream.source.replay_address
+        """Fill the gap [start, until) by replay; if incomplete, purge and apply the replayed tail."""
+        endpoint, address, opt = stream.source.endpoint, stream.source.replay_address, self.options
         if address is None:
             await self.ingest.purge(endpoint, f"gap {start}..{until - 1} and no replay endpoint")
             return
         self.counters.replays += 1
-        items = await self._replay(address, start, until)
-        wanted = [] if items is None else [i for i in items if i.seq < until]
-        if items is None or [i.seq for i in wanted] != list(range(start, until)):
+        items = await replay.fetch(
+            self._ctx, address, start, until=until, timeout_s=opt.replay_timeout_s, max_batches=opt.replay_max_batches
+        )
+        tail = [] if items is None else replay.contiguous_tail(items, until)
+        if not tail or tail[0].seq != start:
             self.counters.replay_failures += 1
-            got = "nothing" if not wanted else f"{wanted[0].seq}..{wanted[-1].seq}"
+            got = "nothing" if not tail else f"{tail[0].seq}..{tail[-1].seq}"
             await self.ingest.purge(endpoint, f"replay of {start}..{until - 1} incomplete (got {got})")
-            return
-        self.counters.replayed_batches += len(wanted)
-        for item in wanted:
-            await self._apply(stream, item.payload)
+        await self._apply_replayed(stream, tail)
 
-    async def _replay(self, address: str, start: int, until: int) -> list[ReplayItem] | None:
-        """Ask the engine's ROUTER for batches from ``start``; None on timeout or protocol error."""
-        opt = self.options
-        dealer = self._ctx.socket(zmq.DEALER)
-        dealer.setsockopt(zmq.LINGER, 0)
-        items: list[ReplayItem] = []
-        try:
-            dealer.connect(address)
-            async with asyncio.timeout(opt.replay_timeout_s):
-                await dealer.send_multipart(replay_request(start))
-                while len(items) < opt.replay_max_batches:
-                    item = parse_replay_reply(await dealer.recv_multipart())
-                    if item is None:
-                        return items
-                    items.append(item)
-                    if item.seq >= until - 1:
-                        return items  # up to the live message: the rest will come through the SUB
-            return None  # more than replay_max_batches: treat as incomplete
-        except (TimeoutError, EventDecodeError, zmq.ZMQError) as exc:
-            log.warning("kv events: replay from %s at %d failed: %r", address, start, exc)
-            return None
-        finally:
-            dealer.close(linger=0)
+    async def _apply_replayed(self, stream: _Stream, items: list[ReplayItem]) -> None:
+        self.counters.replayed_batches += len(items)
+        for item in items:
+            await self._apply(stream, item.payload)
 
     def _warn(self, stream: _Stream, msg: str, *args: object) -> None:
         now = self._clock()

@@ -11,9 +11,9 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from extproc.kvcache.ingest import Ingest
+from extproc.kvcache.ingest import Ingest, IngestCounters
 from extproc.kvcache.memory_index import MemoryPrefixIndex
-from extproc.kvcache.subscriber import EventSource, KvEventSubscriber, SubscriberOptions
+from extproc.kvcache.subscriber import EventSource, KvEventSubscriber, StreamCounters, SubscriberOptions
 from extproc.types import BlockHash, EndpointId, HashScheme
 
 from .vllm_pub import (
@@ -58,7 +58,7 @@ class Rig:
                     what=f"seq {self.pub.seq - 1}")  # fmt: skip
 
     async def warm_up(self) -> None:
-        """Publish empty batches until the subscription is live (ZMQ's slow joiner), then settle."""
+        """Publish empty batches until the subscription is live (ZMQ's slow joiner), settle, reset counters."""
         for _ in range(300):
             await self.pub.publish(batch())
             await asyncio.sleep(0.02)
@@ -66,6 +66,9 @@ class Rig:
             if status is not None and status.last_seq is not None:
                 break
         await self.settle()
+        self.sub.counters = StreamCounters()
+        self.ingest.counters = IngestCounters()
+        self.pub.replay_requests.clear()
 
 
 @contextlib.asynccontextmanager
@@ -147,8 +150,8 @@ async def test_incomplete_replay_purges() -> None:
         await r.settle()
         assert r.sub.counters.replay_failures == 1
         assert r.ingest.counters.purges == purges + 1
-        assert r.held() == 0  # blocks 0-2 purged; 6-7 stored but not a prefix
-        assert r.index.match_sync(ALL[6:], [E]) == {E: 2}
+        assert r.held() == 0  # blocks 0-2 purged; the replayed tail (5) and 6-7 stored but not a prefix
+        assert r.index.match_sync(ALL[5:], [E]) == {E: 3}
 
 
 async def test_gap_without_replay_endpoint_purges() -> None:
@@ -240,27 +243,92 @@ async def test_bind_mode_engine_connects_to_us() -> None:
         assert r.sub.status(E).connected  # type: ignore[union-attr]
 
 
-async def test_reconnect_purges() -> None:
+async def _bounce(r: Rig, *, lose_history: bool) -> None:
+    """The engine's PUB goes away and comes back on the same port (optionally as a restarted process)."""
+    port = int(r.pub.pub_address.rsplit(":", 1)[1])
+    r.pub.pub.close(linger=0)
+    await until(lambda: not r.sub.status(E).connected, what="disconnect")  # type: ignore[union-attr]
+    if lose_history:
+        r.pub.restart_counter()
+    r.pub.pub = r.ctx.socket(zmq.PUB)
+    for _ in range(100):
+        try:
+            r.pub.pub.bind(f"tcp://127.0.0.1:{port}")
+            break
+        except zmq.ZMQError:
+            await asyncio.sleep(0.02)
+    await until(lambda: r.sub.counters.reconnects == 1 and r.sub.counters.bootstraps == 1, what="reconnect")
+
+
+async def test_reconnect_purges_then_rebuilds_from_the_replay_buffer() -> None:
     async with rig() as r:
         await r.pub.publish(batch(stored(0, 3)))
         await r.settle()
-        port = int(r.pub.pub_address.rsplit(":", 1)[1])
-        r.pub.pub.close(linger=0)  # the engine goes away ...
-        await until(lambda: not r.sub.status(E).connected, what="disconnect")  # type: ignore[union-attr]
-        r.pub.pub = r.ctx.socket(zmq.PUB)
-        for _ in range(100):  # ... and comes back on the same port
-            try:
-                r.pub.pub.bind(f"tcp://127.0.0.1:{port}")
-                break
-            except zmq.ZMQError:
-                await asyncio.sleep(0.02)
-        await until(lambda: r.sub.status(E).connected, what="reconnect")  # type: ignore[union-attr]
-        assert r.sub.counters.reconnects == 1
-        assert r.held() == 0 and r.sub.status(E).cold  # type: ignore[union-attr]
-        await r.warm_up()
-        await r.pub.publish(batch(stored(0, 1)))
+        await _bounce(r, lose_history=False)  # a network blip: the engine still buffers seq 0 onwards
+        assert r.ingest.counters.purges == 1
+        assert r.sub.counters.bootstraps_complete == 1
+        assert r.held() == 3 and not r.sub.status(E).cold  # type: ignore[union-attr]
+        await r.pub.publish(batch(stored(3, 1)))
         await r.settle()
-        assert r.held() == 1
+        assert r.held() == 4
+
+
+async def test_reconnect_to_a_restarted_engine_starts_empty_and_warm() -> None:
+    async with rig() as r:
+        await r.pub.publish(batch(stored(0, 3)))
+        await r.settle()
+        await _bounce(r, lose_history=True)  # a new process: sequence 0, empty buffer
+        assert r.held() == 0
+        assert r.sub.status(E).last_seq is None and not r.sub.status(E).cold  # type: ignore[union-attr]
+        await r.pub.publish(batch(stored(0, 1)))  # seq 0 of the new process
+        await r.settle()
+        assert r.held() == 1 and r.sub.counters.gaps == 0 and r.sub.counters.restarts == 0
+
+
+async def test_start_bootstraps_the_history_published_before_we_subscribed() -> None:
+    """A router (re)started after the engine: everything still in the engine's buffer is applied at once."""
+    ctx = zmq.asyncio.Context()
+    index = MemoryPrefixIndex()
+    ingest = Ingest(index, lambda _e: HashScheme())
+    sub = KvEventSubscriber(ingest, options=OPTIONS, context=ctx)
+    pub = FakePublisher(ctx)
+    try:
+        pub.start()
+        await pub.publish(batch(stored(0, 3)))  # nobody listening: only the replay buffer has these
+        await pub.publish(batch(stored(3, 2)))
+        await pub.publish(batch(removed(4)))
+        sub.add(EventSource(E, pub.pub_address, pub.replay_address))
+        await until(lambda: sub.counters.bootstraps == 1 and index.entries(E) == 4, what="bootstrap")
+        status = sub.status(E)
+        assert status is not None and status.last_seq == 2 and not status.cold
+        assert sub.counters.bootstraps_complete == 1
+    finally:
+        await sub.close()
+        await pub.close()
+        ctx.destroy(linger=0)
+
+
+async def test_bootstrap_with_a_rolled_over_buffer_applies_only_the_tail() -> None:
+    ctx = zmq.asyncio.Context()
+    index = MemoryPrefixIndex()
+    ingest = Ingest(index, lambda _e: HashScheme())
+    sub = KvEventSubscriber(ingest, options=OPTIONS, context=ctx)
+    pub = FakePublisher(ctx)
+    try:
+        pub.start()
+        await pub.publish(batch(stored(0, 3)))
+        await pub.publish(batch(stored(3, 2)))
+        pub.forget(0)  # the buffer no longer holds the start of the history
+        sub.add(EventSource(E, pub.pub_address, pub.replay_address))
+        await until(lambda: sub.counters.bootstraps == 1 and index.entries(E) == 2, what="bootstrap")
+        assert sub.counters.bootstraps_complete == 0
+        assert index.match_sync(ALL[3:], [E]) == {E: 2}  # the tail's blocks, nothing invented
+        status = sub.status(E)
+        assert status is not None and status.last_seq == 1
+    finally:
+        await sub.close()
+        await pub.close()
+        ctx.destroy(linger=0)
 
 
 async def test_remove_clears_the_endpoint() -> None:
