@@ -9,7 +9,7 @@ Per endpoint (one task, so its batches are applied strictly in order)::
     first message            -> baseline sequence number (when no bootstrap set one)
     seq <= bootstrap's last  -> already applied by the bootstrap replay: skipped
     seq == last + 1          -> apply
-    seq <= last              -> the engine restarted (it counts from 0 again): purge, apply
+    seq <= last              -> the engine restarted (it counts from 0 again): purge, bootstrap, apply
     seq >  last + 1          -> gap: DEALER replay of [last+1, seq) from the engine's ROUTER, then apply;
                                 no replay endpoint, timeout, or an incomplete replay (the buffer no longer
                                 holds the start) -> purge, apply the replayed tail, apply
@@ -270,10 +270,15 @@ class KvEventSubscriber:
                 return
             stream.skip_through = None
         endpoint, last = stream.source.endpoint, stream.last_seq
-        if last is not None and seq <= last:
+        if last is not None and seq <= last:  # a new engine process, counting from 0 again
             self.counters.restarts += 1
             await self.ingest.purge(endpoint, f"sequence went back from {last} to {seq}: engine restart")
-        elif last is not None and seq > last + 1:
+            stream.last_seq, stream.skip_through = None, None
+            await self._bootstrap(stream)  # what it published before this message
+            if stream.skip_through is not None and seq <= stream.skip_through:
+                return  # the bootstrap applied this one too
+            last = stream.last_seq
+        if last is not None and seq > last + 1:
             self.counters.gaps += 1
             await self._recover(stream, last + 1, seq)
         stream.last_seq = seq
