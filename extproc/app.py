@@ -20,10 +20,11 @@ from extproc.backends.inflight import InflightLoad
 from extproc.backends.registry import EndpointRegistry
 from extproc.backends.scraper import Scraper
 from extproc.config import RouterConfig
+from extproc.kvcache.feed import EventFeed, sources_from_config
 from extproc.kvcache.hashing import BlockHasher
 from extproc.kvcache.index import PrefixIndex
 from extproc.kvcache.memory_index import MemoryPrefixIndex
-from extproc.observability import RouterMetrics
+from extproc.observability import CountersCollector, PreciseGauge, RouterMetrics
 from extproc.pools import SchemeResolver, TenantResolver
 from extproc.prompt.preparer import build_preparer
 from extproc.protocol.exchange import ProcessorOptions
@@ -94,6 +95,12 @@ class App:
             on_scrape=self.inflight.scraped,
         )
         self.discovery = self._build_discovery()
+        self.schemes = SchemeResolver({m.name: m for m in config.models}, self.registry)
+        self.feed = EventFeed(sources_from_config(config.endpoints), self.precise, self.approx, self._scheme_of)
+        self.metrics.registry.register(CountersCollector("router_kv", lambda: (
+            ("ingest", self.feed.ingest.counters), ("stream", self.feed.subscriber.counters))))
+        self.metrics.registry.register(PreciseGauge(
+            lambda: sum(1 for eid in self.registry.snapshot() if self.feed.is_precise(eid))))
         self._cleanups: set[asyncio.Task[None]] = set()
         self.router = Router(
             self._router_deps(),
@@ -143,6 +150,12 @@ class App:
             except Exception as exc:  # best effort: a gone endpoint is never a candidate anyway
                 log.warning("clearing the index entries of %s failed: %s", eid, exc)
 
+    def _scheme_of(self, eid: EndpointId) -> HashScheme | None:
+        """The hash scheme an endpoint's engine should use: that of the (first) model it serves."""
+        state = self.registry.snapshot().get(eid)
+        models = sorted(state.endpoint.models) if state and state.endpoint.models else []
+        return self.schemes(models[0] if models else self.config.models[0].name)
+
     def _approx_capacity(self, eid: EndpointId) -> int:
         state = self.registry.snapshot().get(eid)
         known = state.endpoint.num_gpu_blocks if state else None
@@ -154,13 +167,13 @@ class App:
         return RouterDeps(
             preparer=self.preparer,
             hasher=HasherCache(),
-            scheme_for=SchemeResolver({m.name: m for m in config.models}, self.registry),
+            scheme_for=self.schemes,
             tenant_for=TenantResolver(config.tenants),
             registry=self.registry,
             inflight=self.inflight,
             precise=self.precise,
             approx=self.approx,
-            is_precise=lambda eid: False,
+            is_precise=self.feed.is_precise,
             profile=build_profile(config),
             metrics=self.metrics,
             executor=self.executor,
@@ -172,6 +185,7 @@ class App:
         if self.discovery is not None:
             await self.discovery.start()
         await self.scraper.start()
+        self.feed.start()
         failed = await self.preparer.warm_up()
         for model, error in failed.items():
             log.warning("tokenizer for %s failed to load (%s): its requests route by load", model, error)
@@ -226,6 +240,7 @@ class App:
         if self._metrics_runner:
             await self._metrics_runner.cleanup()
         await self.scraper.stop()
+        await self.feed.stop()
         await self.precise.close()
         await self.approx.close()
         self.executor.shutdown(wait=False, cancel_futures=True)

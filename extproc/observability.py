@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import fields
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 PHASES = ("parse", "tokenize", "hash", "lookup", "score", "total")
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -48,3 +53,31 @@ class RouterMetrics:
         self.endpoint_healthy = Gauge(
             "router_endpoint_healthy", "1 if the endpoint is eligible", ["endpoint"], registry=registry
         )
+
+
+class CountersCollector(Collector):
+    """Exports the int fields of plain counter dataclasses (owned by background loops) at scrape time.
+
+    The loops keep cheap attribute increments on their hot paths; only a scrape reads them.
+    """
+
+    def __init__(self, prefix: str, sources: Callable[[], Iterable[tuple[str, object]]]) -> None:
+        self._prefix = prefix
+        self._sources = sources
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        for group, counters in self._sources():
+            for f in fields(counters):  # type: ignore[arg-type]
+                value = getattr(counters, f.name)
+                if isinstance(value, int):
+                    yield CounterMetricFamily(f"{self._prefix}_{group}_{f.name}", f"{group} {f.name}", value=value)
+
+
+class PreciseGauge(Collector):
+    """How many endpoints the router currently treats as precise (a live, trusted event stream)."""
+
+    def __init__(self, count: Callable[[], int]) -> None:
+        self._count = count
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily("router_precise_endpoints", "Endpoints routed by their KV events", value=self._count())

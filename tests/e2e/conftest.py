@@ -48,15 +48,30 @@ class Stack:
     def url(self, path: str) -> str:
         return self.envoy.url(path)
 
+    def restart_sim(self, endpoint: str) -> None:
+        """Stop one backend and start it again on the same port (an engine restart: empty cache, seq 0)."""
+        old = self.sims[endpoint]
+        old.stop()
+        self.sims[endpoint] = ManagedProcess(old.name, old.argv, old.log_path.with_suffix(".restart.log"),
+                                             cwd=REPO).start(lambda: _http_ok(f"http://{endpoint}/health"),
+                                                             timeout_s=60)
+
 
 class StackFactory(Protocol):
     def __call__(self, backends: int = 2, *, dead: int = 0, sim_args: Sequence[str] = (),
-                 picker: dict[str, Any] | None = None) -> Stack: ...
+                 picker: dict[str, Any] | None = None, kv_events: bool = False) -> Stack: ...
 
 
-def _start_sim(port: int, workdir: Path, sim_args: Sequence[str]) -> ManagedProcess:
+def _events(workdir: Path, port: int) -> dict[str, str]:
+    """ipc:// endpoints: vLLM binds them (no TCP listener at all), and they stay on this machine."""
+    return {"endpoint": f"ipc://{workdir}/kv-{port}.pub", "replay_endpoint": f"ipc://{workdir}/kv-{port}.replay"}
+
+
+def _start_sim(port: int, workdir: Path, sim_args: Sequence[str], kv_events: bool) -> ManagedProcess:
     argv = [sys.executable, "-m", "vllm_sim", MODEL, "--host", "127.0.0.1", "--port", str(port),
             "--tokenizer", str(TOKENIZER), "--enable-prompt-tokens-details", *sim_args]
+    if kv_events:
+        argv += ["--kv-events-config", json.dumps({"enable_kv_cache_events": True, **_events(workdir, port)})]
     proc = ManagedProcess(f"sim-{port}", argv, workdir / f"sim-{port}.log", cwd=REPO)
     return proc.start(lambda: _http_ok(f"http://127.0.0.1:{port}/health"), timeout_s=60)
 
@@ -84,11 +99,14 @@ def make_stack(tmp_path: Path) -> Iterator[StackFactory]:
     started: list[Stack] = []
 
     def make(backends: int = 2, *, dead: int = 0, sim_args: Sequence[str] = (),
-             picker: dict[str, Any] | None = None) -> Stack:
+             picker: dict[str, Any] | None = None, kv_events: bool = False) -> Stack:
         ports = free_ports(backends + dead)
-        sims = {f"127.0.0.1:{p}": _start_sim(p, tmp_path, sim_args) for p in ports[:backends]}
+        sims = {f"127.0.0.1:{p}": _start_sim(p, tmp_path, sim_args, kv_events) for p in ports[:backends]}
         dead_eps = [f"127.0.0.1:{p}" for p in ports[backends:]]
         overrides = dict(picker or {})
+        if kv_events:
+            overrides["endpoints"] = [{"address": f"127.0.0.1:{p}", "kv_events": _events(tmp_path, p)}
+                                      for p in ports[:backends]]
         if dead_eps:  # dead endpoints "borrow" a live backend's metrics, so the picker believes them healthy
             first = next(iter(sims))
             overrides["endpoints"] = [{"address": e} for e in sims] + [
