@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from extproc.envoy import keys
-from extproc.envoy_config import EnvoyOptions, render_bootstrap, to_yaml
+from extproc.envoy_config import BodyMode, EnvoyOptions, render_bootstrap, to_yaml
 
 DEPLOY = Path(__file__).resolve().parent
 
@@ -34,6 +34,7 @@ K8S_NAMESPACE = "llm"
 K8S_MODEL_SERVERS = (f"vllm-pods.{K8S_NAMESPACE}.svc.cluster.local", 8000)
 K8S_PICKER = (f"llm-picker-pods.{K8S_NAMESPACE}.svc.cluster.local", 9002)
 DNS_REFRESH_S = 5  # how soon a new or removed model-server pod shows up in Envoy's cluster
+HEADER = "# Rendered by `python -m deploy.render`; regenerate it rather than edit it (see docs/deploy.md).\n"
 
 
 def compose_options() -> EnvoyOptions:
@@ -94,22 +95,116 @@ def _strict_dns() -> dict[str, Any]:
     }
 
 
-RENDERED = {
-    DEPLOY / "compose" / "envoy.yaml": compose_bootstrap,
-    DEPLOY / "k8s" / "envoy" / "envoy.yaml": k8s_bootstrap,
+# Istio: Envoy fragments patched into Istio's own config (EnvoyFilter). Istio names its outbound clusters
+# ``outbound|<port>||<service FQDN>``; the model servers' cluster is its EDS cluster for the vllm Service.
+ISTIO_PICKER_CLUSTER = f"outbound|9002||llm-picker.{K8S_NAMESPACE}.svc.cluster.local"
+ISTIO_MODEL_SERVICE = (f"vllm.{K8S_NAMESPACE}.svc.cluster.local", 8000)
+
+
+def istio_options() -> EnvoyOptions:
+    """What the EnvoyFilters carry: FULL_DUPLEX_STREAMED (no request-body buffer limit to raise, and the mode
+    Istio's own GIE support uses), fail-closed as an InferencePool's default, override_host on the pool."""
+    return EnvoyOptions(
+        endpoints=("192.0.2.1:8000",),  # unused: Istio's EDS cluster supplies the hosts
+        body_mode=BodyMode.FULL_DUPLEX_STREAMED,
+        failure_mode_allow=False,
+        message_timeout_s=10.0,
+    )
+
+
+def istio_fragments() -> dict[str, Any]:
+    """``{"strip": filter, "ext_proc": filter, "load_balancing_policy": policy}`` from our renderer, with the
+    ext_proc gRPC service pointed at Istio's cluster for the picker Service."""
+    boot = render_bootstrap(istio_options())
+    hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    filters = {f["name"]: f for f in hcm["http_filters"]}
+    ext_proc = filters["envoy.filters.http.ext_proc"]
+    ext_proc["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"] = ISTIO_PICKER_CLUSTER
+    model = next(c for c in boot["static_resources"]["clusters"] if c["name"] == keys.MODEL_CLUSTER)
+    return {
+        "strip": filters["envoy.filters.http.header_mutation"],
+        "ext_proc": ext_proc,
+        "load_balancing_policy": model["load_balancing_policy"],
+    }
+
+
+def istio_envoyfilter(mode: str) -> dict[str, Any]:
+    """The EnvoyFilter for ``mode`` "gateway" (the ingress gateway) or "sidecar" (clients' sidecars)."""
+    gateway = mode == "gateway"
+    context = "GATEWAY" if gateway else "SIDECAR_OUTBOUND"
+    parts = istio_fragments()
+
+    def listener() -> dict[str, Any]:
+        match: dict[str, Any] = {
+            "filterChain": {
+                "filter": {
+                    "name": "envoy.filters.network.http_connection_manager",
+                    "subFilter": {"name": "envoy.filters.http.router"},
+                }
+            }
+        }
+        if not gateway:
+            match["portNumber"] = ISTIO_MODEL_SERVICE[1]  # only the outbound listener for the model port
+        return match
+
+    insert = [
+        {
+            "applyTo": "HTTP_FILTER",
+            "match": {"context": context, "listener": listener()},
+            "patch": {"operation": "INSERT_BEFORE", "value": parts[name]},
+        }
+        for name in ("strip", "ext_proc")  # each lands just before the router: strip, then ext_proc
+    ]
+    cluster = {
+        "applyTo": "CLUSTER",
+        "match": {
+            "context": context,
+            "cluster": {"service": ISTIO_MODEL_SERVICE[0], "portNumber": ISTIO_MODEL_SERVICE[1]},
+        },
+        "patch": {"operation": "MERGE", "value": {"load_balancing_policy": parts["load_balancing_policy"]}},
+    }
+    selector = {"istio": "ingressgateway"} if gateway else {"llm-client": "true"}
+    return {
+        "apiVersion": "networking.istio.io/v1alpha3",
+        "kind": "EnvoyFilter",
+        "metadata": {
+            "name": f"llm-picker-{mode}",
+            "namespace": "istio-system" if gateway else K8S_NAMESPACE,
+        },
+        "spec": {"workloadSelector": {"labels": selector}, "configPatches": [*insert, cluster]},
+    }
+
+
+_ISTIO_NOTES = {
+    "gateway": (
+        "# Istio ingress gateway: every request through the gateway is sent to the picker (ext_proc, before the\n"
+        "# router; a client's x-gateway-destination-endpoint is stripped first), and the vllm Service's cluster\n"
+        "# honours the pick (override_host: header, then envoy.lb metadata; round robin without one).\n"
+        "#   kubectl apply -k deploy/istio          (with deploy/istio/routing.yaml's Gateway + VirtualService)\n"
+    ),
+    "sidecar": (
+        "# Istio sidecar mode: the same filters in the outbound sidecar of every pod labelled llm-client=true\n"
+        "# (namespace llm), for clients that call vllm.llm.svc.cluster.local:8000 directly, without a gateway.\n"
+        "#   kubectl apply -f deploy/istio/envoyfilter-sidecar.yaml\n"
+    ),
 }
 
 
-HEADER = "# Rendered by `python -m deploy.render`; regenerate it rather than edit it (see docs/deploy.md).\n"
+def istio_text(mode: str) -> str:
+    return HEADER + _ISTIO_NOTES[mode] + to_yaml(istio_envoyfilter(mode))
 
 
-def render_text(boot: dict[str, Any]) -> str:
-    return HEADER + to_yaml(boot)
+RENDERED = {
+    DEPLOY / "compose" / "envoy.yaml": lambda: HEADER + to_yaml(compose_bootstrap()),
+    DEPLOY / "k8s" / "envoy" / "envoy.yaml": lambda: HEADER + to_yaml(k8s_bootstrap()),
+    DEPLOY / "istio" / "envoyfilter-gateway.yaml": lambda: istio_text("gateway"),
+    DEPLOY / "istio" / "envoyfilter-sidecar.yaml": lambda: istio_text("sidecar"),
+}
 
 
 def main() -> int:
     for path, build in RENDERED.items():
-        path.write_text(render_text(build()))
+        path.write_text(build())
         print(f"wrote {path.relative_to(DEPLOY.parent)}")
     return 0
 
