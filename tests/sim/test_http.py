@@ -289,3 +289,21 @@ async def test_truncate_prompt_tokens_keeps_the_tail_by_default(base: str) -> No
 async def test_invalid_cache_salt_is_400(base: str, salt: str) -> None:
     status, _ = await _post(f"{base}/v1/completions", {"prompt": "Hi", "cache_salt": salt})
     assert status == 400
+
+
+async def test_reset_prefix_cache_waits_for_idle_unless_running_requests_are_reset(tokenizer: PromptTokenizer) -> None:
+    import asyncio
+
+    async with SimCluster(sim_config("--sim-decode-step-s", "0.01"), tokenizer=tokenizer) as cluster:
+        base, engine = cluster.urls[0], cluster.servers[0].engine
+        body = {"prompt": list(range(1000, 1040)), "max_tokens": 30, "ignore_eos": True}
+        task = asyncio.create_task(_post(f"{base}/v1/completions", body))
+        while not engine.scheduler.running:
+            await asyncio.sleep(0.005)
+        first_block = engine.scheduler.running[0].block_hashes[0]
+        await _post(f"{base}/reset_prefix_cache", {})
+        assert engine.pool.cached_block(first_block) is not None  # refused: blocks in use
+        assert engine.reset_prefix_cache(reset_running_requests=True)  # what ?reset_running_requests=true does
+        assert engine.scheduler.stats.num_preemptions == 1
+        status, out = await task
+        assert status == 200 and out["usage"]["completion_tokens"] == 30
