@@ -24,6 +24,7 @@ from extproc.kvcache.feed import EventFeed, sources_from_config
 from extproc.kvcache.hashing import BlockHasher
 from extproc.kvcache.index import PrefixIndex
 from extproc.kvcache.memory_index import MemoryPrefixIndex
+from extproc.kvcache.redis_index import RedisPrefixIndex
 from extproc.observability import CountersCollector, PreciseGauge, RouterMetrics
 from extproc.pools import SchemeResolver, TenantResolver
 from extproc.prompt.preparer import build_preparer
@@ -82,7 +83,7 @@ class App:
         self.registry = EndpointRegistry(endpoints)
         self.inflight = InflightLoad(config.scheduling.prefill_tokens_per_s)
         self.metrics = RouterMetrics(CollectorRegistry())
-        self.precise: PrefixIndex = MemoryPrefixIndex()
+        self.precise: PrefixIndex = self._build_precise_index()
         self.approx: PrefixIndex = MemoryPrefixIndex(capacity_blocks=self._approx_capacity)
         self.executor = ThreadPoolExecutor(config.limits.tokenizer_workers, thread_name_prefix="tokenize")
         self.scraper = Scraper(
@@ -149,6 +150,15 @@ class App:
                 await index.clear(eid)
             except Exception as exc:  # best effort: a gone endpoint is never a candidate anyway
                 log.warning("clearing the index entries of %s failed: %s", eid, exc)
+
+    def _build_precise_index(self) -> PrefixIndex:
+        """In-memory for one replica; Redis (shared by every replica) when configured. The approximate index
+        stays in memory: it is this replica's own guesses, and what is left when Redis is down."""
+        idx = self.config.index
+        if idx.backend == "redis" and idx.redis_url:
+            return RedisPrefixIndex.from_url(idx.redis_url, namespace=idx.redis_namespace,
+                                             timeout_s=idx.redis_timeout_s)
+        return MemoryPrefixIndex()
 
     def _scheme_of(self, eid: EndpointId) -> HashScheme | None:
         """The hash scheme an endpoint's engine should use: that of the (first) model it serves."""

@@ -139,7 +139,9 @@ class TenantsConfig(_Strict):
 
 class IndexConfig(_Strict):
     backend: Literal["memory", "redis"] = "memory"
-    redis_url: str | None = None
+    redis_url: str | None = Field(None, description="redis://[:password@]host:port/db or rediss:// (TLS)")
+    redis_namespace: str = Field("kvidx", description="key prefix (and Redis Cluster hash tag) of this pool")
+    redis_timeout_s: float = Field(0.05, gt=0, description="per Redis call; lookups also obey lookup_deadline_s")
     lookup_deadline_s: float = Field(0.005, gt=0)
     approx_ttl_s: float = Field(600.0, gt=0, description="approximate entries expire after this")
     approx_capacity_blocks: int = Field(

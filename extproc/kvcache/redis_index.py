@@ -89,6 +89,26 @@ class RedisPrefixIndex:
         self._clear = client.register_script(lua.render(lua.CLEAR, blob_arg=3))
 
     @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        namespace: str = "kvidx",
+        timeout_s: float = 0.5,
+        capacity_blocks: int | Callable[[EndpointId], int | None] | None = None,
+    ) -> RedisPrefixIndex:
+        """An index on ``url`` that connects lazily: never fails here, so a router can start while Redis is
+        down (its calls raise IndexUnavailable until Redis answers; scripts load on first use)."""
+        client = aioredis.Redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), retries=1),  # one quick retry for a stale pooled connection
+            decode_responses=False,
+        )
+        return cls(client, namespace=namespace, timeout_s=timeout_s, capacity_blocks=capacity_blocks)
+
+    @classmethod
     async def connect(
         cls,
         url: str,
@@ -98,14 +118,8 @@ class RedisPrefixIndex:
         capacity_blocks: int | Callable[[EndpointId], int | None] | None = None,
     ) -> RedisPrefixIndex:
         """Connect to ``url`` (``redis://host:port/db``) and load the scripts. Raises IndexUnavailable."""
-        client = aioredis.Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), retries=1),  # one quick retry for a stale pooled connection
-            decode_responses=False,
-        )
-        index = cls(client, namespace=namespace, timeout_s=timeout_s, capacity_blocks=capacity_blocks)
+        index = cls.from_url(url, namespace=namespace, timeout_s=timeout_s, capacity_blocks=capacity_blocks)
+        client = index._r
         try:
             await index._call(index._load_scripts())
         except IndexUnavailable:
