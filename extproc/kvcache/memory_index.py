@@ -17,11 +17,12 @@ Data shapes::
 run length is then a binary search over the non-increasing running masks. Cost: O(matched blocks) big-int
 ANDs + O(endpoints × log blocks), i.e. within the O(matched blocks × endpoints) budget with a tiny constant.
 
-Expiry without slowing ``match`` down: an endpoint whose entries were stored with non-decreasing expiries
-(the normal case: one TTL for the approximate index, or no TTL) keeps its LRU in expiry order, so dropping
-expired entries from the LRU's old end makes its bits exact; ``match`` does that first for each requested
-endpoint (amortised O(1) per expired entry). An endpoint that was ever given an earlier expiry than before
-(mixed TTLs) is checked per block instead (slower, still exact) until it is emptied.
+Expiry without slowing ``match`` down: expired entries are dropped *before* the walk, so the bits are exact.
+Entries stored with an expiry no earlier than any before on that endpoint (the normal case: one TTL for the
+approximate index, or none) keep its LRU in expiry order, so dropping expired entries from the LRU's old
+end finds them all; entries stored with an earlier expiry than that ("late", e.g. short burst marks after
+long entries) also go on a per-endpoint min-heap by expiry. ``match`` and ``store`` drain both for the
+endpoints they touch: amortised O(1) per expired entry (O(log n) for late ones), none per block walked.
 
 LRU order within one ``store`` call: the *tail* blocks count as older than the head blocks, so that capacity
 eviction drops a prompt's last blocks first and keeps its prefix (vLLM frees a request's blocks tail first for
@@ -33,6 +34,7 @@ half-applied call. Not thread-safe: use it from one event loop.
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from collections import OrderedDict
@@ -51,13 +53,13 @@ _ABSENT = -1.0  # sentinel for OrderedDict.pop (real values are expiries)
 class _Endpoint:
     """One endpoint's entries: its bit in the holder masks and its LRU of ``{block_hash: expires_at}``."""
 
-    __slots__ = ("bit", "lru", "max_expires", "ordered")
+    __slots__ = ("bit", "late", "lru", "max_expires")
 
     def __init__(self, bit: int) -> None:
         self.bit = bit
         self.lru: OrderedDict[BlockHash, float] = OrderedDict()
-        self.max_expires = -math.inf
-        self.ordered = True  # expiries are non-decreasing along the LRU
+        self.max_expires = -math.inf  # the latest expiry ever stored: later stores below it are "late"
+        self.late: list[tuple[float, BlockHash]] = []  # heap of late entries (stale records are skipped)
 
 
 class MemoryPrefixIndex:
@@ -121,24 +123,16 @@ class MemoryPrefixIndex:
         """Synchronous ``match``."""
         now = self._clock() if self._ttl_seen else math.inf
         want = 0
-        slow: list[_Endpoint] = []  # endpoints whose expiry must be checked per block
         for e in set(endpoints):
             ep = self._eps.get(e)
             if ep is not None and self._ttl_seen:
-                if ep.ordered:
-                    self._drop_expired_head(e, ep, now)
-                    ep = self._eps.get(e)  # it may have emptied
-                else:
-                    slow.append(ep)
+                self._drop_expired(e, ep, now)
+                ep = self._eps.get(e)  # it may have emptied
             if ep is not None:
                 want |= 1 << ep.bit
         if not want or not hashes:
             return {}
-        masks: Iterable[int]
-        if slow:
-            masks = (self._unexpired_mask(h, slow, now) for h in hashes)
-        else:
-            masks = map(self._masks.get, hashes, repeat(0))
+        masks: Iterable[int] = map(self._masks.get, hashes, repeat(0))
         # runs[k] = the requested endpoints holding every one of blocks 0..k-1 (runs[0] = all requested).
         runs = list(takewhile(bool, accumulate(masks, and_, initial=want)))
         result: dict[EndpointId, int] = {}
@@ -163,9 +157,8 @@ class MemoryPrefixIndex:
         if ttl_s is not None:
             self._ttl_seen = True
         ep = self._eps.get(endpoint) or self._add_endpoint(endpoint)
-        if expires < ep.max_expires:
-            ep.ordered = False
-        else:
+        late = expires < ep.max_expires
+        if not late:
             ep.max_expires = expires
         lru, masks, bit = ep.lru, self._masks, 1 << ep.bit
         # Reversed: the head block ends up most recently used, so the tail is evicted first.
@@ -175,14 +168,13 @@ class MemoryPrefixIndex:
             else:
                 masks[h] = masks.get(h, 0) | bit
             lru[h] = expires
+            if late:
+                heapq.heappush(ep.late, (expires, h))
         cap = self._capacity_for(endpoint)
         if cap is not None:
             while len(lru) > cap:
                 self._unset(lru.popitem(last=False)[0], bit)
-        if ep.ordered:
-            self._drop_expired_head(endpoint, ep, now)
-        elif not lru:
-            self._release(endpoint, ep)
+        self._drop_expired(endpoint, ep, now)
 
     def remove_sync(self, endpoint: EndpointId, hashes: Sequence[BlockHash]) -> None:
         """Synchronous ``remove``."""
@@ -244,8 +236,9 @@ class MemoryPrefixIndex:
         self._by_bit[ep.bit] = None
         self._free_bits.append(ep.bit)
 
-    def _drop_expired_head(self, endpoint: EndpointId, ep: _Endpoint, now: float) -> None:
-        """For an expiry-ordered LRU: drop expired entries from the old end (amortised O(1) each)."""
+    def _drop_expired(self, endpoint: EndpointId, ep: _Endpoint, now: float) -> None:
+        """Drop every expired entry: from the LRU's old end (in expiry order but for late entries), then the
+        late ones from their heap. Releases the endpoint if nothing is left."""
         lru, bit = ep.lru, 1 << ep.bit
         while lru:
             h = next(iter(lru))
@@ -253,16 +246,14 @@ class MemoryPrefixIndex:
                 break
             del lru[h]
             self._unset(h, bit)
+        late = ep.late
+        while late and late[0][0] <= now:
+            expires, h = heapq.heappop(late)
+            if lru.get(h) == expires:  # not refreshed or removed since
+                del lru[h]
+                self._unset(h, bit)
         if not lru:
             self._release(endpoint, ep)
-
-    def _unexpired_mask(self, h: BlockHash, slow: list[_Endpoint], now: float) -> int:
-        mask = self._masks.get(h, 0)
-        for ep in slow:
-            bit = 1 << ep.bit
-            if mask & bit and ep.lru[h] <= now:
-                mask &= ~bit
-        return mask
 
     def _unset(self, h: BlockHash, bit: int) -> None:
         mask = self._masks[h] & ~bit
