@@ -112,6 +112,7 @@ class App:
                 burst_mark_ttl_s=config.index.burst_mark_ttl_s,
                 tenant_header=config.tenants.header.lower(),
                 max_blocks=config.index.max_blocks,
+                use_index=config.index.enabled,
                 track_served=not config.protocol.close_after_pick,
             ),
         )

@@ -138,6 +138,7 @@ class TenantsConfig(_Strict):
 
 
 class IndexConfig(_Strict):
+    enabled: bool = Field(True, description="false: route by load alone (no hashing, no lookups)")
     backend: Literal["memory", "redis"] = "memory"
     redis_url: str | None = Field(None, description="redis://[:password@]host:port/db or rediss:// (TLS)")
     redis_namespace: str = Field("kvidx", description="key prefix (and Redis Cluster hash tag) of this pool")

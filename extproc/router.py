@@ -72,6 +72,7 @@ class RouterSettings:
     burst_mark_ttl_s: float = 2.0
     tenant_header: str = "x-gateway-inference-fairness-id"
     max_blocks: int = 8192
+    use_index: bool = True  # False: load-only routing (no hashing, no lookups)
     track_served: bool = False  # remember picks so ``on_served`` can compare (GIE response path)
 
 
@@ -172,7 +173,7 @@ class Router:
 
     async def _hash(self, scheme: HashScheme, prepared: PreparedPrompt) -> list[BlockHash]:
         tokens = prepared.token_ids
-        if not tokens:
+        if not tokens or not self._s.use_index:
             return []
         tokens = tokens[: self._s.max_blocks * scheme.block_size]
         if len(tokens) <= _INLINE_HASH_BLOCKS * scheme.block_size:

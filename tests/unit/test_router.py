@@ -178,3 +178,13 @@ async def test_unhealthy_endpoints_are_skipped() -> None:
     for _ in range(3):
         result = await router.route(post())
         assert isinstance(result, Route) and result.endpoints == (B,)
+
+
+async def test_load_only_mode_never_hashes_or_looks_up() -> None:
+    approx = DictIndex(fail=True)  # would count a failure if it were asked
+    router, _, _ = make_router(approx=approx, settings=RouterSettings(use_index=False))
+    first = await router.route(post())
+    second = await router.route(post())
+    assert isinstance(first, Route) and isinstance(second, Route)
+    assert second.headers["x-router-reason"] == "load"
+    assert router._d.metrics.index_failures.labels("approx")._value.get() == 0
