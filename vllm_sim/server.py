@@ -25,6 +25,8 @@ from vllm_sim.openai_api import ApiError, GenParams, check_prompt_len, parse_gen
 from vllm_sim.publisher import ZmqEventPublisher
 from vllm_sim.tokenize import PromptTokenizer
 
+STOP_GRACE_S = 1.0  # on stop, in-flight requests get this long before their connections are closed
+
 
 class SimServer:
     """A vLLM look-alike on one port. ``await start()`` inside a running loop; ``await stop()`` to release all."""
@@ -72,7 +74,13 @@ class SimServer:
             self.publisher.start()
         self.engine.start()
         # handler_cancellation: a client that goes away cancels its handler, which aborts its request (as vLLM)
-        self._runner = web.AppRunner(self.build_app(), access_log=None, handle_signals=False, handler_cancellation=True)
+        self._runner = web.AppRunner(
+            self.build_app(),
+            access_log=None,
+            handle_signals=False,
+            handler_cancellation=True,
+            shutdown_timeout=STOP_GRACE_S,
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port, reuse_address=True)
         await site.start()

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -60,6 +63,12 @@ def test_lora_modules_both_forms() -> None:
         parse_lora(["nopath"])
 
 
+def _read_quietly(url: str, body: bytes) -> None:
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    with contextlib.suppress(OSError, http.client.HTTPException), urllib.request.urlopen(req, timeout=20) as resp:
+        resp.read()
+
+
 def test_console_entry_serves_and_exits_cleanly_on_sigterm() -> None:
     cmd = [sys.executable, "-m", "vllm_sim", "--port", "0", "--sim-profile", "fast", "--tokenizer", str(TOKENIZER_DIR)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
@@ -77,8 +86,13 @@ def test_console_entry_serves_and_exits_cleanly_on_sigterm() -> None:
                                      headers={"Content-Type": "application/json"})  # fmt: skip
         with urllib.request.urlopen(req, timeout=10) as resp:
             assert json.load(resp)["usage"]["completion_tokens"] == 16
+        stream = json.dumps({"prompt": "Hi", "max_tokens": 100000, "ignore_eos": True, "stream": True}).encode()
+        streaming = threading.Thread(target=_read_quietly, args=(f"{url}/v1/completions", stream), daemon=True)
+        streaming.start()  # a stream still open at SIGTERM must not hold the exit up
+        time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
+        streaming.join(timeout=10)
     finally:
         if proc.poll() is None:
             proc.kill()
