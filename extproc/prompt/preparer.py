@@ -7,6 +7,8 @@ error: ``token_ids`` is None and the request is routed by load.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -14,9 +16,9 @@ from concurrent.futures import Executor
 from pathlib import Path
 
 from extproc.config import RouterConfig
-from extproc.errors import BadRequest
+from extproc.errors import BadRequest, RouterError
 from extproc.prompt.models import Adapter, BaseModel, ModelRegistry
-from extproc.prompt.openai import ParsedRequest, kind_for_path, parse_request
+from extproc.prompt.openai import ParsedRequest, RequestKind, kind_for_path, parse_request
 from extproc.prompt.tokenizers import PromptTokenizer, TokenizeFailed, TokenizerRegistry
 from extproc.types import HashScheme, HttpRequest, LoraAdapter, PreparedPrompt
 
@@ -51,7 +53,16 @@ class RequestPreparer:
         Returns {model name: error} for tokenizers that failed to load; never raises for them.
         """
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._tokenizer.preload, list(self._models.models.values()))
+        models = list(self._models.models.values())
+        failed = await loop.run_in_executor(self._executor, self._tokenizer.preload, models)
+        for model in models:  # the first chat render compiles the template (~100 ms): pay it now
+            if model.name in failed:
+                continue
+            body = json.dumps({"model": model.name, "messages": [{"role": "user", "content": "warm up"}]})
+            with contextlib.suppress(TokenizeFailed, RouterError):
+                parsed = parse_request(body.encode(), "application/json", RequestKind.CHAT)
+                await self._tokenizer.render_and_tokenize(parsed, model)
+        return failed
 
     async def prepare(self, request: HttpRequest) -> PreparedPrompt:
         """Parse, resolve the model, render and tokenize ``request`` (a POST to an OpenAI path).
