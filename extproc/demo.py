@@ -174,9 +174,10 @@ def run_demo(args: argparse.Namespace, workdir: Path) -> int:
 
     script = turns(args.requests)
     spec = StackSpec(backends=args.backends, pickers=1, envoy="picker", extra_envoys=("round_robin",),
-                     sim_profile=args.profile)  # fmt: skip
+                     sim_profile=args.profile, kv_events=args.kv_events)  # fmt: skip
+    mode = "KV events" if args.kv_events else "its own routing history"
     print(f"extproc demo: {args.backends} simulated vLLM backends ({args.profile}), the picker (in-memory "
-          f"index), real Envoy; {len(script)} requests per run", flush=True)  # fmt: skip
+          f"index fed by {mode}), real Envoy; {len(script)} requests per run", flush=True)  # fmt: skip
     started = time.monotonic()
     stack = Stack(spec, workdir)
     with stack:
@@ -244,6 +245,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--backends", type=_positive, default=4, help="simulated vLLM backends")
     p.add_argument("--requests", type=_positive, default=len(SCRIPT), help=f"requests per run (max {len(SCRIPT)})")
     p.add_argument("--profile", default="h100-llama3-8b", help="vllm-sim timing profile")
+    p.add_argument("--kv-events", action="store_true",
+                   help="backends publish KV events and the picker follows them (precise mode)")  # fmt: skip
     p.add_argument("--keep-logs", action="store_true", help="keep the work dir with every process's log")
     p.add_argument("--workdir", default=None, help="work dir to use (kept); default: a temporary one")
     p.set_defaults(func=_main)

@@ -60,11 +60,11 @@ def _alive(pid: int) -> bool:
     return True
 
 
-@pytest.fixture(scope="module")
-def demo_output(tmp_path_factory: pytest.TempPathFactory) -> str:
+@pytest.fixture(scope="module", params=[(), ("--kv-events",)], ids=["routing-history", "kv-events"])
+def demo_output(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
     workdir = tmp_path_factory.mktemp("demo")
     cmd = [sys.executable, "-m", "extproc.cli", "demo", "--backends", "2", "--requests", "6",
-           "--profile", "fast", "--workdir", str(workdir)]  # fmt: skip
+           "--profile", "fast", "--workdir", str(workdir), *request.param]  # fmt: skip
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
