@@ -19,6 +19,7 @@ from extproc.backends.dns import DnsDiscovery, DnsResolver, system_nameserver
 from extproc.backends.inflight import InflightLoad
 from extproc.backends.registry import EndpointRegistry
 from extproc.backends.scraper import Scraper
+from extproc.backends.shared_load import SharedLoad
 from extproc.config import RouterConfig
 from extproc.kvcache.feed import EventFeed, sources_from_config
 from extproc.kvcache.hashing import BlockHasher
@@ -84,6 +85,17 @@ class App:
         self.inflight = InflightLoad(config.scheduling.prefill_tokens_per_s)
         self.metrics = RouterMetrics(CollectorRegistry())
         self.precise: PrefixIndex = self._build_precise_index()
+        idx = config.index
+        self.shared_load = (
+            SharedLoad.from_url(
+                idx.redis_url,
+                namespace=idx.redis_namespace,
+                timeout_s=idx.redis_timeout_s,
+                prefill_tokens_per_s=config.scheduling.prefill_tokens_per_s,
+            )
+            if idx.backend == "redis" and idx.redis_url
+            else None
+        )
         self.approx: PrefixIndex = MemoryPrefixIndex(capacity_blocks=self._approx_capacity)
         self.executor = ThreadPoolExecutor(config.limits.tokenizer_workers, thread_name_prefix="tokenize")
         self.scraper = Scraper(
@@ -98,10 +110,14 @@ class App:
         self.discovery = self._build_discovery()
         self.schemes = SchemeResolver({m.name: m for m in config.models}, self.registry)
         self.feed = EventFeed(sources_from_config(config.endpoints), self.precise, self.approx, self._scheme_of)
-        self.metrics.registry.register(CountersCollector("router_kv", lambda: (
-            ("ingest", self.feed.ingest.counters), ("stream", self.feed.subscriber.counters))))
-        self.metrics.registry.register(PreciseGauge(
-            lambda: sum(1 for eid in self.registry.snapshot() if self.feed.is_precise(eid))))
+        self.metrics.registry.register(
+            CountersCollector(
+                "router_kv", lambda: (("ingest", self.feed.ingest.counters), ("stream", self.feed.subscriber.counters))
+            )
+        )
+        self.metrics.registry.register(
+            PreciseGauge(lambda: sum(1 for eid in self.registry.snapshot() if self.feed.is_precise(eid)))
+        )
         self._cleanups: set[asyncio.Task[None]] = set()
         self.router = Router(
             self._router_deps(),
@@ -157,8 +173,9 @@ class App:
         stays in memory: it is this replica's own guesses, and what is left when Redis is down."""
         idx = self.config.index
         if idx.backend == "redis" and idx.redis_url:
-            return RedisPrefixIndex.from_url(idx.redis_url, namespace=idx.redis_namespace,
-                                             timeout_s=idx.redis_timeout_s)
+            return RedisPrefixIndex.from_url(
+                idx.redis_url, namespace=idx.redis_namespace, timeout_s=idx.redis_timeout_s
+            )
         return MemoryPrefixIndex()
 
     def _scheme_of(self, eid: EndpointId) -> HashScheme | None:
@@ -188,6 +205,7 @@ class App:
             profile=build_profile(config),
             metrics=self.metrics,
             executor=self.executor,
+            shared_load=self.shared_load,
         )
 
     async def start(self) -> None:
@@ -253,5 +271,7 @@ class App:
         await self.scraper.stop()
         await self.feed.stop()
         await self.precise.close()
+        if self.shared_load is not None:
+            await self.shared_load.close()
         await self.approx.close()
         self.executor.shutdown(wait=False, cancel_futures=True)

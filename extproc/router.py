@@ -20,6 +20,7 @@ from typing import Protocol
 
 from extproc.backends.inflight import InflightLoad
 from extproc.backends.registry import EndpointRegistry, EndpointState
+from extproc.backends.shared_load import SharedLoad, SharedLoadUnavailable
 from extproc.errors import NoEndpoint, RouterError
 from extproc.kvcache.index import IndexUnavailable, PrefixIndex
 from extproc.observability import RouterMetrics
@@ -92,6 +93,7 @@ class RouterDeps:
     profile: Profile
     metrics: RouterMetrics
     executor: Executor
+    shared_load: SharedLoad | None = None  # in-flight load shared with the other replicas (Redis)
 
 
 class Router:
@@ -122,9 +124,7 @@ class Router:
             decision, routing = await self._decide(request, timer)
         except RouterError as exc:
             self._d.metrics.rejections.labels(str(exc.status)).inc()
-            log.info(
-                json.dumps({"request_id": request.request_id, "rejected": exc.status, "error": exc.message})
-            )
+            log.info(json.dumps({"request_id": request.request_id, "rejected": exc.status, "error": exc.message}))
             raise
         self._record(routing, decision)
         if self._s.track_served:
@@ -159,14 +159,13 @@ class Router:
             subset=frozenset(request.subset) if request.subset is not None else None,
         )
         states = self._d.registry.snapshot()
-        endpoints = eligible(
-            (s.endpoint for s in states.values()), routing.base_model, routing.lora, routing.subset
-        )
+        endpoints = eligible((s.endpoint for s in states.values()), routing.base_model, routing.lora, routing.subset)
         if not endpoints:
             raise NoEndpoint("no eligible endpoint serves this model")
-        matches = await self._lookup(hashes, [e.id for e in endpoints])
+        ids = [e.id for e in endpoints]
+        matches, shared = await asyncio.gather(self._lookup(hashes, ids), self._shared_queued(ids))
         timer.mark("lookup")
-        candidates = [self._candidate(states[e.id], matches.get(e.id, 0)) for e in endpoints]
+        candidates = [self._candidate(states[e.id], matches.get(e.id, 0), shared.get(e.id, 0.0)) for e in endpoints]
         decision = self._d.profile.decide(routing, candidates, self._rng)
         timer.mark("score")
         return decision, routing
@@ -183,9 +182,7 @@ class Router:
             self._d.executor, self._d.hasher, scheme, tokens, prepared.lora, prepared.cache_salt
         )
 
-    async def _lookup(
-        self, hashes: Sequence[BlockHash], endpoints: Sequence[EndpointId]
-    ) -> dict[EndpointId, int]:
+    async def _lookup(self, hashes: Sequence[BlockHash], endpoints: Sequence[EndpointId]) -> dict[EndpointId, int]:
         """Leading cached blocks per endpoint: event-fed endpoints from the precise index (plus our short-lived
         burst marks), the others from the approximate index. A slow or failed index counts as no match."""
         if not hashes:
@@ -209,14 +206,25 @@ class Router:
             log.debug("index %s lookup failed: %s", name, exc)
             return {}
 
-    def _candidate(self, state: EndpointState, cached_blocks: int) -> Candidate:
+    async def _shared_queued(self, endpoints: Sequence[EndpointId]) -> Mapping[EndpointId, float]:
+        """Every replica's in-flight prefill per endpoint (shared load), or {} when unshared or unavailable."""
+        if self._d.shared_load is None:
+            return {}
+        try:
+            return await asyncio.wait_for(self._d.shared_load.queued(endpoints), self._s.lookup_deadline_s)
+        except (TimeoutError, SharedLoadUnavailable) as exc:
+            self._d.metrics.index_failures.labels("shared_load").inc()
+            log.debug("shared load read failed: %s", exc)
+            return {}
+
+    def _candidate(self, state: EndpointState, cached_blocks: int, shared_queued: float = 0.0) -> Candidate:
         eid = state.endpoint.id
         now = self._clock()
         known = state.load_known(now, self._s.stale_after_s)
         m = state.metrics if known else None
         waiting = m.waiting if m else 0
         inflight = self._d.inflight
-        queued = max(inflight.queued_tokens(eid), waiting * inflight.mean_uncached_tokens)
+        queued = max(inflight.queued_tokens(eid), shared_queued, waiting * inflight.mean_uncached_tokens)
         load = LoadSnapshot(
             running=m.running if m else 0,
             waiting=waiting,
@@ -231,7 +239,10 @@ class Router:
     def _record(self, routing: RoutingRequest, decision: Decision) -> None:
         """What we just routed becomes load and (approximate) cache state on the pick, before the next request."""
         pick = decision.endpoints[0]
-        self._d.inflight.add(pick, max(routing.prompt_tokens - decision.cached_tokens, 0))
+        uncached = max(routing.prompt_tokens - decision.cached_tokens, 0)
+        self._d.inflight.add(pick, uncached)
+        if self._d.shared_load is not None:
+            self._spawn(self._d.shared_load.add(pick, uncached))
         if routing.block_hashes:
             ttl = self._s.burst_mark_ttl_s if self._d.is_precise(pick) else self._s.approx_ttl_s
             self._spawn(self._d.approx.store(pick, routing.block_hashes, ttl_s=ttl))
@@ -264,16 +275,14 @@ class Router:
         async def run() -> None:
             try:
                 await coro  # type: ignore[misc]
-            except Exception as exc:  # the approximate index is best effort
-                log.debug("approximate index write failed: %s", exc)
+            except Exception as exc:  # best-effort writes: approximate index, shared load
+                log.debug("background write failed: %s", exc)
 
         task = asyncio.create_task(run())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _observe(
-        self, request: HttpRequest, routing: RoutingRequest, decision: Decision, timer: _PhaseTimer
-    ) -> None:
+    def _observe(self, request: HttpRequest, routing: RoutingRequest, decision: Decision, timer: _PhaseTimer) -> None:
         m = self._d.metrics
         m.decisions.labels(decision.reason.value).inc()
         m.cached_tokens.inc(decision.cached_tokens)
