@@ -88,7 +88,7 @@ def valkey_url() -> Iterator[str]:
         server.stop(timeout=10.0)
 
 
-BACKENDS = ["memory", "redis"]
+BACKENDS = ["memory", pytest.param("redis", marks=pytest.mark.redis)]
 
 
 @pytest.fixture(params=BACKENDS)

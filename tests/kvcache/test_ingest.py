@@ -6,6 +6,8 @@ import json
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
+import pytest
+
 from extproc.kvcache.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -193,6 +195,7 @@ async def test_index_failure_schedules_a_purge_before_the_next_batch() -> None:
     assert await held(index) == 2 and not ingest.state(E).cold
 
 
+@pytest.mark.redis
 async def test_ingest_writes_through_the_redis_backend(valkey_url: str) -> None:
     import uuid
 

@@ -15,6 +15,8 @@ from extproc.kvcache.index import IndexUnavailable
 from extproc.kvcache.redis_index import RedisPrefixIndex
 from extproc.types import BlockHash, EndpointId
 
+pytestmark = pytest.mark.redis
+
 E1, E2 = EndpointId("10.0.0.1:8000"), EndpointId("10.0.0.2:8000")
 
 
