@@ -8,9 +8,9 @@ Lookup scenarios, a request of N blocks and E endpoints each also holding 2048 u
 (endpoint i holds the first N*(i+1)/E blocks: a worst case, the walk runs all N blocks with many candidates)
 and "shared" (all hold a 32-block common prefix, two hold the whole request). Reported: p50/p99 of one
 ``match`` call.
-Ingest scenario: vLLM-shaped map-form batches (one BlockStored of 16 blocks each, every 4th with no parent so
-it is self-checked), decoded and applied through ``Ingest``. Goals: lookup p99 <= 2 ms at 8K blocks and 64
-endpoints; >= 50K blocks/s ingested per replica.
+Ingest scenario: vLLM-shaped map-form batches (one BlockStored of 16 blocks each), decoded and applied
+through ``Ingest``; the self-check (for BlockStored events without a parent) is timed on its own.
+Goals: lookup p99 <= 2 ms at 8K blocks and 64 endpoints; >= 50K blocks/s ingested per replica.
 """
 
 from __future__ import annotations
@@ -88,26 +88,17 @@ def _ingest_payloads(n_requests: int) -> list[bytes]:
 
 
 async def bench_ingest(make: IndexFactory, n_requests: int) -> float:
-    """Blocks per second through decode + Ingest.apply (self-check included) into the index."""
+    """Blocks per second through decode + Ingest.apply into the index (the self-check is timed separately:
+    the synthetic token ids do not hash to the synthetic block hashes)."""
     index = await make()
     try:
-        ingest = Ingest(index, lambda _e: HashScheme())
+        ingest = Ingest(index, lambda _e: None)
         endpoint = EndpointId("10.0.0.1:8000")
         payloads = _ingest_payloads(n_requests)
         t0 = time.perf_counter()
         for p in payloads:
             await ingest.apply(endpoint, decode_batch(p))
-        took = time.perf_counter() - t0
-        # The synthetic token ids do not hash to the synthetic block hashes: the endpoint is untrusted after the
-        # first self-check and its stores are skipped. Measure with trust forced on, which is the real cost.
-        if ingest.counters.untrusted_skips:
-            ingest.scheme_for = lambda _e: None
-            ingest.state(endpoint).trusted = True
-            t0 = time.perf_counter()
-            for p in payloads:
-                await ingest.apply(endpoint, decode_batch(p))
-            took = time.perf_counter() - t0
-        return n_requests * 64 / took
+        return n_requests * 64 / (time.perf_counter() - t0)
     finally:
         await index.close()
 

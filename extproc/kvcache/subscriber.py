@@ -5,7 +5,8 @@ Per endpoint (one task, so its batches are applied strictly in order)::
     socket (re)connected     -> purge (we cannot know what we missed), then bootstrap: replay from seq 0;
                                 if the engine still buffers its whole history (first replayed seq is 0,
                                 or nothing was ever published) the index is rebuilt exactly and the endpoint
-                                is warm at once; otherwise the replayed tail is applied and it stays cold
+                                is warm at once; otherwise the replayed tail is applied (an under-estimate:
+                                cold until a store lands, as after any purge)
     first message            -> baseline sequence number (when no bootstrap set one)
     seq <= bootstrap's last  -> already applied by the bootstrap replay: skipped
     seq == last + 1          -> apply
@@ -314,7 +315,7 @@ class KvEventSubscriber:
             self.counters.bootstraps_complete += 1
             self.ingest.mark_complete(endpoint)
         log.info("kv events: %s bootstrapped %d batches (%s)", endpoint, len(tail),
-                 "complete" if complete else "history incomplete: cold")  # fmt: skip
+                 "complete" if complete else "history incomplete: an under-estimate")  # fmt: skip
 
     async def _recover(self, stream: _Stream, start: int, until: int) -> None:
         """Fill the gap [start, until) by replay; if incomplete, purge and apply the replayed tail."""
