@@ -150,7 +150,8 @@ def pct(values: list[float], q: float) -> float:
 
 async def main(quick: bool) -> None:
     scale = 0.25 if quick else 1.0
-    print(f"vllm-sim benchmark: {SERVERS} servers in one process, {os.cpu_count()} CPUs on this machine\n")
+    load = os.getloadavg()[0]
+    print(f"vllm-sim benchmark: {SERVERS} servers in one process, {os.cpu_count()} CPUs, load average {load:.1f}\n")
     sim = start_sim("--sim-profile", "fast", "--num-gpu-blocks-override", "40000")
     try:
         rows = [(1024, 16, await capacity(sim, 1024, int(400 * scale), 16)),
@@ -183,7 +184,7 @@ async def main(quick: bool) -> None:
     print(f"{'model TTFT ms':>22} {pct(model_ms, 50):>8.1f} {pct(model_ms, 90):>8.1f}")
     print(f"{'measured - model ms':>22} {pct(diff_ms, 50):>8.2f} {pct(diff_ms, 90):>8.2f}")
     print(f"{'|drift| %':>22} {100 * pct(rel, 50):>8.2f} {100 * pct(rel, 90):>8.2f}")
-    print(f"(requests compared: {len(pairs)})")
+    print(f"(requests compared: {len(pairs)}; load average now {os.getloadavg()[0]:.1f})")
 
 
 if __name__ == "__main__":
