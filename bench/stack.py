@@ -40,6 +40,7 @@ from bench.stack_config import (
     EnvoyKind,
     envoy_bootstrap,
     picker_config,
+    kv_events_sources,
     sim_argv,
 )
 from extproc.envoy_config import EnvoyOptions
@@ -92,7 +93,7 @@ class Stack:
         self.pickers: list[ManagedProcess] = []
         self.envoys: dict[EnvoyKind, EnvoyProcess] = {}
         self.backends: list[str] = []
-        self.kv_events: dict[str, str] = {}  # backend ip:port -> its KV-event PUB endpoint
+        self.kv_events: dict[str, dict[str, str]] = {}  # backend ip:port -> its KV-event endpoints
         self.picker_grpc: list[tuple[str, int]] = []
         self.picker_metrics_urls: list[str] = []
 
@@ -168,10 +169,10 @@ class Stack:
             max_len = min(max_len, (spec.num_gpu_blocks - 1) * spec.block_size)
         for first in range(0, spec.backends, per):
             servers = min(per, spec.backends - first)
-            kv_port = consecutive_free_ports(servers) if spec.kv_events else None
+            kv_base = str(self.workdir / f"kv{len(self.sims)}") if spec.kv_events else None
             argv = sim_argv(
                 sys.executable, servers=servers, profile=spec.sim_profile, block_size=spec.block_size,
-                max_model_len=max_len, num_gpu_blocks=spec.num_gpu_blocks, kv_events_port=kv_port,
+                max_model_len=max_len, num_gpu_blocks=spec.num_gpu_blocks, kv_events_base=kv_base,
                 extra=spec.sim_args,
             )  # fmt: skip
             env = {**os.environ, "PYTHONHASHSEED": HASH_SEED}
@@ -184,8 +185,8 @@ class Stack:
                 raise RuntimeError(f"{proc.name}: expected {servers} serving lines, got {addresses}")
             for i, address in enumerate(addresses):
                 self.backends.append(address)
-                if kv_port is not None:
-                    self.kv_events[address] = f"tcp://127.0.0.1:{kv_port + i}"
+                if kv_base is not None:
+                    self.kv_events[address] = kv_events_sources(kv_base, i)
 
     def _start_picker(self, index: int) -> None:
         config = picker_config(

