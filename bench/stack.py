@@ -33,14 +33,14 @@ from typing import Any
 import yaml
 
 from bench.envoy_proc import EnvoyProcess, EnvoyStartError
-from bench.procs import ManagedProcess, consecutive_free_ports, free_ports
+from bench.procs import ManagedProcess, free_ports
 from bench.stack_config import (
     REPO,
     UPSTREAM_HOST_HEADER,
     EnvoyKind,
     envoy_bootstrap,
-    picker_config,
     kv_events_sources,
+    picker_config,
     sim_argv,
 )
 from extproc.envoy_config import EnvoyOptions
