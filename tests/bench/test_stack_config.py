@@ -49,7 +49,7 @@ def test_every_variant_validates_on_real_envoy(kind: EnvoyKind, tmp_path: Path) 
 
 
 def test_picker_yaml_is_a_valid_router_config() -> None:
-    config = picker_config(list(BACKENDS), {BACKENDS[0]: "tcp://127.0.0.1:5557"}, block_size=16, hash_seed="0",
+    config = picker_config(list(BACKENDS), {BACKENDS[0]: {"endpoint": "ipc:///tmp/kv.pub"}}, block_size=16, hash_seed="0",
                            overrides={"scheduling": {"fallbacks": 1}})  # fmt: skip
     parsed = RouterConfig.model_validate(config)
     assert parsed.endpoints[0].kv_events is not None and parsed.endpoints[1].kv_events is None
