@@ -1,12 +1,12 @@
 """Fixtures for deployment-shape tests: simulated backends, the picker (``extproc serve``) and real Envoy wired
 the way a GIE gateway wires an endpoint picker. Everything binds 127.0.0.1 on free ports and is stopped by PID.
 
-The process helpers are the e2e suite's (``tests/e2e/conftest.py``); only the Envoy wiring differs.
+Like the e2e suite's stack (``tests/e2e/conftest.py``); only the Envoy wiring differs.
 """
 
 from __future__ import annotations
 
-import json
+import sys
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -15,11 +15,50 @@ from typing import Any, Protocol
 
 import grpc
 import pytest
+import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.procs import ManagedProcess, free_ports
-from tests.e2e.conftest import _start_picker, _start_sim
+from tests.e2e.conftest import MODEL
 from tests.support.envoy import EnvoyProcess, start_envoy
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=0.5) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def start_sim(port: int, workdir: Path) -> ManagedProcess:
+    """One simulated vLLM on 127.0.0.1:port reporting cached tokens."""
+    argv = [sys.executable, "-m", "vllm_sim", MODEL, "--host", "127.0.0.1", "--port", str(port),
+            "--tokenizer", str(REPO / "tokenizer_cache" / MODEL), "--enable-prompt-tokens-details"]
+    proc = ManagedProcess(f"sim-{port}", argv, workdir / f"sim-{port}.log", cwd=REPO)
+    return proc.start(lambda: _http_ok(f"http://127.0.0.1:{port}/health"), timeout_s=60)
+
+
+def start_picker(endpoints: list[dict[str, Any]], workdir: Path,
+                 overrides: dict[str, Any]) -> tuple[ManagedProcess, int, int]:
+    """``extproc serve`` on free ports; ``overrides`` merge into the config's top-level sections."""
+    grpc_port, metrics_port = free_ports(2)
+    config: dict[str, Any] = {
+        "listen": {"host": "127.0.0.1", "grpc_port": grpc_port, "metrics_port": metrics_port},
+        "models": [{"name": MODEL}],
+        "endpoints": endpoints,
+        "tokenizer_cache_dir": str(REPO / "tokenizer_cache"),
+    }
+    for key, value in overrides.items():
+        config[key] = {**config.get(key, {}), **value} if isinstance(value, dict) else value
+    path = workdir / "picker.yaml"
+    path.write_text(yaml.safe_dump(config))
+    argv = [sys.executable, "-m", "extproc.cli", "serve", "--config", str(path)]
+    proc = ManagedProcess("picker", argv, workdir / "picker.log", cwd=REPO)
+    proc.start(lambda: bool(proc.log_matches(r"extproc: ready on")), timeout_s=60)
+    return proc, grpc_port, metrics_port
 
 
 @dataclass
@@ -84,13 +123,12 @@ def gie_stack(tmp_path: Path) -> Iterator[GieStackFactory]:
                          [f"127.0.0.1:{p}" for p in ports[backends:]], tmp_path)
         started.append(stack)
         for port in ports[:backends]:
-            sims[f"127.0.0.1:{port}"] = _start_sim(port, tmp_path, ())
-        overrides = dict(picker)
-        if stack.dead:  # dead endpoints borrow a live backend's metrics, so the picker believes them healthy
-            first = next(iter(sims))
-            overrides["endpoints"] = [{"address": e} for e in sims] + [
-                {"address": e, "metrics_url": f"http://{first}/metrics"} for e in stack.dead]
-        stack.picker, stack.grpc_port, stack.metrics_port = _start_picker(stack.endpoints, tmp_path, overrides)
+            sims[f"127.0.0.1:{port}"] = start_sim(port, tmp_path)
+        # dead endpoints borrow a live backend's metrics, so the picker believes them healthy
+        first = next(iter(sims))
+        endpoints = [{"address": e} for e in sims] + [
+            {"address": e, "metrics_url": f"http://{first}/metrics"} for e in stack.dead]
+        stack.picker, stack.grpc_port, stack.metrics_port = start_picker(endpoints, tmp_path, dict(picker))
         stack.add_envoy(**envoy)
         return stack
 
@@ -101,7 +139,3 @@ def gie_stack(tmp_path: Path) -> Iterator[GieStackFactory]:
         stack.picker.stop()
         for sim in stack.sims.values():
             sim.stop()
-
-
-def dump(value: Any) -> str:
-    return json.dumps(value, indent=1, default=str)
