@@ -58,7 +58,8 @@ _PICKER_READY = re.compile(r"extproc: ready on ([\d.]+):(\d+) \(metrics :(\d+)\)
 @dataclass(frozen=True)
 class StackSpec:
     """What to start. ``envoy`` is the main Envoy (``stack.url``); ``extra_envoys`` run beside it on the
-    same backends (e.g. a round-robin baseline next to the picker, to interleave in one run)."""
+    same backends (e.g. a round-robin baseline next to the picker, to interleave in one run). ``pickers``
+    processes start only when some Envoy is of kind ``picker``; they share that Envoy's ext_proc cluster."""
 
     backends: int = 4
     pickers: int = 1
