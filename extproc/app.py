@@ -26,6 +26,7 @@ from extproc.kvcache.hashing import BlockHasher
 from extproc.kvcache.index import PrefixIndex
 from extproc.kvcache.memory_index import MemoryPrefixIndex
 from extproc.kvcache.redis_index import RedisPrefixIndex
+from extproc.kvcache.subscriber import EventSource
 from extproc.observability import CountersCollector, PreciseGauge, RouterMetrics
 from extproc.pools import SchemeResolver, TenantResolver
 from extproc.prompt.preparer import build_preparer
@@ -150,18 +151,28 @@ class App:
         return DnsDiscovery(resolver, dns.name, dns.port, interval_s=dns.interval_s, on_change=self._discovered)
 
     def _discovered(self, found: frozenset[EndpointId]) -> None:
-        """Discovery changed the set: static endpoints plus ``found``; gone endpoints' cache entries cleared."""
+        """Discovery changed the set: static endpoints plus ``found``. New ones are scraped and their KV events
+        followed (``discovery.dns.kv_events`` with their IP); gone ones are unfollowed and their entries cleared."""
         static = {EndpointId(e.address): frozenset(e.models) for e in self.config.endpoints}
         ids = [*static, *sorted(found - static.keys())]
         gone = set(self.registry.snapshot()) - set(ids)
         self.registry.sync(Endpoint(eid, models=static.get(eid, frozenset())) for eid in ids)
         self.scraper.set_targets({eid: f"http://{eid}" for eid in ids})
+        dns = self.config.discovery.dns
+        for eid in ids:
+            kv = dns.kv_events_for(eid.rpartition(":")[0]) if dns and eid not in static else None
+            if kv is not None and self.feed.subscriber.status(eid) is None:
+                self.feed.subscriber.add(EventSource(eid, kv.endpoint, kv.replay_endpoint, topic=kv.topic))
         for eid in gone:
             task = asyncio.create_task(self._forget(eid))
             self._cleanups.add(task)
             task.add_done_callback(self._cleanups.discard)
 
     async def _forget(self, eid: EndpointId) -> None:
+        try:
+            await self.feed.subscriber.remove(eid)
+        except Exception as exc:
+            log.warning("unfollowing the KV events of %s failed: %s", eid, exc)
         for index in (self.precise, self.approx):
             try:
                 await index.clear(eid)

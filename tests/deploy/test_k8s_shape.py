@@ -6,7 +6,7 @@ the containerPort. They run the vLLM Deployment's args (through vllm-sim); the p
 config, discovering endpoints from DNS; Envoy runs the rendered bootstrap, whose STRICT_DNS clusters resolve the
 same names. Only ports change (and Envoy's resolver is pointed at the loopback DNS). This checks that an
 override_host cluster built from a headless Service's A records accepts the picker's ``ip:port`` picks, and
-that a pod set changing in DNS reaches both the picker and Envoy.
+that a pod set changing in DNS reaches both the picker (scraping and KV events) and Envoy.
 """
 
 from __future__ import annotations
@@ -80,7 +80,9 @@ class Pods:
         argv = with_flag(with_flag(self.args, "--host", ip), "--port", str(self.port))
         argv = with_flag(argv, "--kv-events-config", json.dumps(kv))
         exe = str(Path(sys.executable).parent / "vllm-sim")
-        proc = ManagedProcess(f"pod-{ip}", [exe, *argv], self.workdir / f"pod-{ip}.log", cwd=REPO,
+        # --sim-kv-events-bind: the pod's "tcp://*" became its own IP, and vLLM's rule would then connect
+        proc = ManagedProcess(f"pod-{ip}", [exe, *argv, "--sim-kv-events-bind"], self.workdir / f"pod-{ip}.log",
+                              cwd=REPO,
                               env={**os.environ, **self.env})
         self.running[ip] = proc.start(lambda: _http_ok(f"http://{ip}:{self.port}/health"), timeout_s=90)
         return f"{ip}:{self.port}"
@@ -170,11 +172,22 @@ def _envoy_hosts(envoy: EnvoyProcess, cluster: str = "picked") -> set[str]:
     return {line.split("::")[1] for line in lines if line.startswith(f"{cluster}::") and "::cx_active::" in line}
 
 
-def _picker_healthy(metrics_port: int) -> set[str]:
+def _picker_metrics(metrics_port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=2) as resp:
-        text = resp.read().decode()
-    return {line.split('"')[1] for line in text.splitlines()
+        return str(resp.read().decode())
+
+
+def _picker_healthy(metrics_port: int) -> set[str]:
+    return {line.split('"')[1] for line in _picker_metrics(metrics_port).splitlines()
             if line.startswith("router_endpoint_healthy{") and line.endswith(" 1.0")}
+
+
+def _precise_endpoints(metrics_port: int) -> int:
+    """How many endpoints the picker follows by their KV events (``router_precise_endpoints``)."""
+    for line in _picker_metrics(metrics_port).splitlines():
+        if line.startswith("router_precise_endpoints "):
+            return int(float(line.split()[1]))
+    return 0
 
 
 async def _chat(session: aiohttp.ClientSession, url: str, messages: list[dict[str, Any]]) -> tuple[int, Any]:
@@ -195,6 +208,7 @@ async def test_headless_service_endpoints_follow_the_cache_and_track_pods(cluste
     first_two = {f"127.0.0.1:{pods.port}", f"127.0.0.2:{pods.port}"}
     await _wait(lambda: _envoy_hosts(envoy) == first_two, "Envoy's STRICT_DNS cluster to list both pods")
     assert _envoy_hosts(envoy, "extproc") == {f"127.0.0.1:{_container_port(envoy)}"}
+    await _wait(lambda: _precise_endpoints(cluster["metrics"]) == 2, "the picker to follow both pods' KV events")
 
     summary, conclusion = golden_case("doc_summary"), golden_case("doc_conclusion")
     url = envoy.url("/v1/chat/completions")
@@ -212,6 +226,7 @@ async def test_headless_service_endpoints_follow_the_cache_and_track_pods(cluste
     dns.records[VLLM_NAME] = ["127.0.0.3"]
     await _wait(lambda: _envoy_hosts(envoy) == {new}, "Envoy to drop the old pods and add the new one")
     await _wait(lambda: new in _picker_healthy(cluster["metrics"]), "the picker to discover and scrape the new pod")
+    await _wait(lambda: _precise_endpoints(cluster["metrics"]) == 1, "KV events: the new pod followed, old ones not")
     async with aiohttp.ClientSession() as session:
         results = [await _chat(session, url, [{"role": "user", "content": f"After the roll {i}"}]) for i in range(3)]
     assert [s for s, _ in results] == [200] * 3
