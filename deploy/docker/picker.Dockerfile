@@ -27,10 +27,10 @@ FROM ${PYTHON_IMAGE}
 ENV PATH=/opt/venv/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 COPY --from=build /opt/venv /opt/venv
 COPY --from=build /app/tokenizer_cache /app/tokenizer_cache
-COPY deploy/docker/grpc_health.py /app/grpc_health.py
+COPY deploy/docker/healthcheck.py /app/healthcheck.py
 WORKDIR /app
 USER 10001:10001
 EXPOSE 9002 9090
-HEALTHCHECK --interval=5s --timeout=3s --retries=12 CMD ["python", "/app/grpc_health.py", "127.0.0.1:9002", "readiness"]
+HEALTHCHECK --interval=5s --timeout=3s --retries=12 CMD ["python", "/app/healthcheck.py", "127.0.0.1:9002", "readiness"]
 ENTRYPOINT ["extproc"]
 CMD ["serve", "--config", "/etc/extproc/picker.yaml"]

@@ -14,7 +14,10 @@ Both run the picker with ``protocol.close_after_pick: false`` (the GIE deploymen
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -70,6 +73,12 @@ async def test_istio_wiring_follows_the_cache_learns_the_served_endpoint_and_hon
     stack = gie_stack(ISTIO, GIE_PICKER)
     for service in ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"):
         assert stack.health(service) == SERVING, service
+    # the images' health check (Docker HEALTHCHECK, compose healthcheck), run as a script the way they run it
+    script = Path(__file__).resolve().parents[2] / "deploy" / "docker" / "healthcheck.py"
+    for service, code in (("readiness", 0), ("liveness", 0), ("no-such-service", 1)):
+        probe = subprocess.run([sys.executable, str(script), f"127.0.0.1:{stack.grpc_port}", service],
+                               capture_output=True, text=True, timeout=30)
+        assert probe.returncode == code, (service, probe.stderr)
     await document_questions_follow_the_cache(stack)
     log = stack.envoy.wait_for_access_log(2)
     assert all("," in e.dest for e in log), "the pick is an ordered fallback list"

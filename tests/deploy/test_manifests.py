@@ -176,7 +176,7 @@ def test_compose_pickers_redis_and_envoy_agree() -> None:
         config_path = flag(list(svc["command"]), "--config")
         assert mounted(svc, config_path) == (DEPLOY / "compose" / "picker.yaml").resolve()
         health = svc["healthcheck"]["test"]
-        assert health[2] == "/app/grpc_health.py" and health[3].endswith(f":{config.listen.grpc_port}")
+        assert health[2] == "/app/healthcheck.py" and health[3].endswith(f":{config.listen.grpc_port}")
     assert config.listen.host == "0.0.0.0"
     assert config.index.backend == "redis"
     match = re.fullmatch(r"redis://([^:/]+):(\d+)/\d+", config.index.redis_url or "")

@@ -1,4 +1,7 @@
-"""Container health check for the picker: ``python grpc_health.py [HOST:PORT] [SERVICE]``.
+"""Container health check for the picker: ``python healthcheck.py [HOST:PORT] [SERVICE]``.
+
+(Not named grpc_health.py: run as a script, its folder comes first on sys.path and would shadow the
+``grpc_health`` package it imports.)
 
 Asks the gRPC health service (``grpc.health.v1.Health/Check``) for ``SERVICE`` (default ``readiness``; the
 picker also answers ``liveness`` and ``envoy.service.ext_proc.v3.ExternalProcessor``). Exit 0 when SERVING,
