@@ -7,30 +7,33 @@ Key schema (``ns`` = the namespace, default ``"kvidx"``; ``<h>`` = a BlockHash a
     {ns}:free           ZSET    freed slots (score = slot, so the lowest is reused first)
     {ns}:next           STRING  the next never-used slot
     {ns}:h:<endpoint>   HASH    field = <h>, value = expires-at in server ms ("0" = never): what it holds
-    {ns}:z:<endpoint>   ZSET    member = <h>, score = the endpoint's LRU clock (higher = stored more recently);
-                                only for entries stored with a ttl or under a capacity
+    {ns}:x:<endpoint>   ZSET    member = <h>, score = expires-at ms: its entries that have a ttl
+    {ns}:z:<endpoint>   ZSET    member = <h>, score = its LRU clock (higher = stored more recently): only when
+                                the index has a capacity
 
 * ``match`` is **one round trip**: EVALSHA of a Lua script that walks the request's hashes in order over
   ``{ns}:m`` (HMGET in growing slices, 16 ... 2048 fields), keeps the requested endpoints whose bit is set,
   and stops when none remains. Consecutive blocks usually have the same holders, and equal bitmaps are equal
   interned Lua strings, so the holder set is recomputed only when the bitmap changes: the walk costs about
-  one hash-field lookup per matched block, whatever the number of endpoints. Endpoints with ttl/capacity
-  entries then have their run's expiries checked in their own HASH (O(their run)).
+  one hash-field lookup per matched block, whatever the number of endpoints. Before the walk, the requested
+  endpoints' expired entries are dropped (found by score in ``x``, up to 256 each), so the bitmaps are exact;
+  only an endpoint with a bigger backlog has its run's expiries checked in its HASH (O(its run)).
 * ``store`` / ``remove`` are one script call each; ``clear`` walks the endpoint's own HASH (the reverse
   index) in slices of ``_CLEAR_SLICE`` per script call: O(that endpoint's entries), never a keyspace scan.
   An endpoint left with no entries frees its slot.
 * Capacity (optional, for the approximate mode): after a store, the endpoint's lowest-scored entries beyond
   its capacity are evicted. Scores come from a per-endpoint counter (top score + 1, ...); within one store the
   head block gets the highest score, so a prompt's tail is evicted before its prefix (as in memory).
-* TTL: a per-(endpoint, block) expiry in the ``h`` field value; ``match`` ignores expired entries at once.
-  They are reclaimed lazily: each store drops up to 64 expired entries from the old end of that endpoint's
-  ZSET, capacity eviction drops the rest, ``clear`` drops everything. (Per-field HEXPIRE would do this
-  natively but needs Redis >= 7.4 / Valkey >= 9; this layout works on Redis 7 and Valkey 8/9: plain
-  HASH/ZSET/STRING commands, ``TIME``, ``HRANDFIELD`` (>= 6.2) and the ``bit`` library in scripts.)
-* Memory (valkey 9.1, 1M blocks, ``INFO memory`` used_memory delta, ``python -m bench.index_bench``):
+* TTL: a per-(endpoint, block) expiry in the ``h`` field value and the ``x`` score; ``match`` never counts
+  an expired entry. They are reclaimed soonest-first by every store (up to 256) and match (up to 256 per
+  requested endpoint) touching that endpoint, by capacity eviction and by ``clear``. (Per-field HEXPIRE
+  would do this natively but needs Redis >= 7.4 / Valkey >= 9; this layout works on Redis 7 and Valkey 8/9:
+  plain HASH/ZSET/STRING commands, ``TIME``, ``HRANDFIELD`` (>= 6.2) and the ``bit`` library in scripts.
+  ``match`` writes, when it reclaims: run it on the primary.)
+* Memory (valkey 9.1, ``INFO memory`` used_memory delta over 0.5-1M blocks, ``python -m bench.index_bench``):
   precise entries ~96 bytes per new block (~92 MiB per million: ~43 in ``m``, ~53 in ``h``) and ~53 per
-  further endpoint holding it; approximate entries (ttl, so the ZSET too) ~189 and ~147. The 8-byte binary
-  hash (not its 20-digit decimal) keeps fields short.
+  further endpoint holding it; with a ttl (``x`` too) ~189 and ~147; with a ttl and a capacity (``z`` too)
+  ~270 per new block. The 8-byte binary hash (not its 20-digit decimal) keeps fields short.
 
 Redis Cluster: every key carries the hash tag ``{ns}``, so one namespace lives in **one slot**: each script's
 keys are declared and never cross slots, and a lookup runs on one shard. The trade-off: one namespace is
@@ -136,7 +139,7 @@ class RedisPrefixIndex:
         if not hashes or not endpoints:
             return {}
         eps = list(dict.fromkeys(endpoints))
-        keys = self._shared[:2]
+        keys = self._shared[:3]
         for e in eps:
             keys.extend(self._own(e))
         args: list[bytes | str] = [_blob(hashes), *eps]
@@ -186,9 +189,9 @@ class RedisPrefixIndex:
             await self._r.script_load(script.script)
 
     def _own(self, endpoint: EndpointId) -> list[bytes]:
-        """The endpoint's own keys: its HASH (what it holds, with expiries) and its LRU ZSET."""
+        """The endpoint's own keys: its HASH (what it holds, with expiries), LRU ZSET and expiry ZSET."""
         e = endpoint.encode()
-        return [self._prefix + b"h:" + e, self._prefix + b"z:" + e]
+        return [self._prefix + b"h:" + e, self._prefix + b"z:" + e, self._prefix + b"x:" + e]
 
     def _capacity_for(self, endpoint: EndpointId) -> int | None:
         cap = self._capacity

@@ -14,7 +14,8 @@ Conventions shared by every script:
 from __future__ import annotations
 
 CHUNK = 1000  # arguments per multi-field command inside scripts (Lua's unpack() has a stack limit)
-RECLAIM_PER_STORE = 64  # expired entries a store may drop from the old end of the endpoint's LRU
+RECLAIM_PER_STORE = 256  # expired entries a store drops (soonest first) from the endpoint it writes
+DRAIN_PER_MATCH = 256  # ... and a match from each endpoint it reads, before the walk
 
 _COMMON = """
 local t = redis.call('TIME')
@@ -69,26 +70,56 @@ local function mark(M, list, slot, on)
 end
 
 -- An endpoint with no entries left gives its slot back (no bitmap has it set any more).
-local function release(SLOTS, FREE, H, Z, ep, slot)
+local function release(SLOTS, FREE, H, Z, X, ep, slot)
   if redis.call('HLEN', H) == 0 then
     redis.call('HDEL', SLOTS, ep)
     redis.call('ZADD', FREE, slot, slot)
-    redis.call('DEL', Z)
+    redis.call('DEL', Z, X)
   end
+end
+
+-- Forget ``list``'s members on one endpoint: its HASH, LRU and expiry sets, and its bit in their bitmaps.
+local function forget(M, H, Z, X, list, slot)
+  for i = 1, #list, CHUNK do
+    local j = math.min(i + CHUNK - 1, #list)
+    redis.call('HDEL', H, unpack(list, i, j))
+    redis.call('ZREM', Z, unpack(list, i, j))
+    redis.call('ZREM', X, unpack(list, i, j))
+  end
+  mark(M, list, slot, false)
+end
+
+-- Drop up to ``limit`` expired entries of one endpoint (found by expiry in X). True if none is left.
+local function drain(M, H, Z, X, slot, limit)
+  local expired = redis.call('ZRANGEBYSCORE', X, '-inf', now, 'LIMIT', 0, limit + 1)
+  local done = #expired <= limit
+  if not done then expired[#expired] = nil end
+  if #expired > 0 then forget(M, H, Z, X, expired, slot) end
+  return done
 end
 """
 
-# KEYS: M, SLOTS, then (H, Z) per endpoint. ARGV: the request's hashes (blob), then the endpoints.
-# Returns one count per endpoint.
+# KEYS: M, SLOTS, FREE, then (H, Z, X) per endpoint. ARGV: the request's hashes (blob), then the endpoints.
+# Returns one count per endpoint. Expired entries of the requested endpoints are dropped first (up to
+# DRAIN each), so that the bitmaps are exact; only an endpoint with a larger backlog is verified per block.
 MATCH = """
-local M, SLOTS = KEYS[1], KEYS[2]
+local M, SLOTS, FREE = KEYS[1], KEYS[2], KEYS[3]
 local eps = {}
 for i = 2, #ARGV do eps[#eps + 1] = ARGV[i] end
 local slots = redis.call('HMGET', SLOTS, unpack(eps))
-local alive, slot, depth = {}, {}, {}
+local alive, slot, depth, verify = {}, {}, {}, {}
 for k = 1, #eps do
   depth[k] = 0
-  if slots[k] then alive[#alive + 1] = k; slot[k] = tonumber(slots[k]) end
+  if slots[k] then
+    slot[k] = tonumber(slots[k])
+    local H, Z, X = KEYS[3 * k + 1], KEYS[3 * k + 2], KEYS[3 * k + 3]
+    verify[k] = not drain(M, H, Z, X, slot[k], DRAIN)
+    if redis.call('EXISTS', H) == 1 then
+      alive[#alive + 1] = k
+    else
+      release(SLOTS, FREE, H, Z, X, eps[k], slot[k])  -- everything it had expired
+    end
+  end
 end
 -- Walk the blocks in order; the holder set is recomputed only when a block's bitmap differs from the last.
 local d, prev, step = 0, nil, 16
@@ -114,11 +145,10 @@ while #alive > 0 and d < n do
   step = math.min(step * 2, 2048)
 end
 for _, k in ipairs(alive) do depth[k] = d end
--- Endpoints with ordered entries (a ttl or a capacity) may hold expired ones: verify their runs' expiry.
+-- An endpoint with more expired entries than one drain takes: check its run's expiries in its HASH.
 for k = 1, #eps do
-  local H, Z = KEYS[1 + 2 * k], KEYS[2 + 2 * k]
-  if depth[k] > 0 and redis.call('EXISTS', Z) == 1 then
-    local held, s = 0, 64
+  if depth[k] > 0 and verify[k] then
+    local H, held, s = KEYS[3 * k + 1], 0, 64
     while held < depth[k] do
       local hi = math.min(depth[k], held + s)
       local vals = redis.call('HMGET', H, unpack(F, held + 1, hi))
@@ -134,9 +164,9 @@ end
 return depth
 """
 
-# KEYS: M, SLOTS, FREE, NEXT, H, Z. ARGV: endpoint, ttl_ms (0 = none), capacity (-1 = none), blob.
+# KEYS: M, SLOTS, FREE, NEXT, H, Z, X. ARGV: endpoint, ttl_ms (0 = none), capacity (-1 = none), blob.
 STORE = """
-local M, SLOTS, FREE, NEXT, H, Z = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local M, SLOTS, FREE, NEXT, H, Z, X = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local ep, ttl, cap = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local slot = redis.call('HGET', SLOTS, ep)
 if not slot then
@@ -149,54 +179,48 @@ upto(n)
 local exp = '0'
 if ttl > 0 then exp = string.format('%.0f', now + ttl) end
 for i = 1, n, CHUNK do
-  local args = {}
-  for k = i, math.min(i + CHUNK - 1, n) do args[#args + 1] = F[k]; args[#args + 1] = exp end
+  local j = math.min(i + CHUNK - 1, n)
+  local args, xs = {}, {}
+  for k = i, j do
+    args[#args + 1] = F[k]; args[#args + 1] = exp
+    xs[#xs + 1] = exp; xs[#xs + 1] = F[k]
+  end
   redis.call('HSET', H, unpack(args))
+  if ttl > 0 then
+    redis.call('ZADD', X, unpack(xs))
+  elseif redis.call('EXISTS', X) == 1 then
+    redis.call('ZREM', X, unpack(F, i, j))  -- stored again without a ttl: never expires now
+  end
 end
 mark(M, F, slot, true)
-if ttl == 0 and cap < 0 then return n end  -- a precise entry: nothing to order
-local top = redis.call('ZRANGE', Z, -1, -1, 'WITHSCORES')
-local base = 0
-if top[2] then base = tonumber(top[2]) end
-for i = 1, n, CHUNK do
-  local args = {}
-  for k = i, math.min(i + CHUNK - 1, n) do
-    args[#args + 1] = base + (n - k + 1)  -- head block highest: the tail is evicted first
-    args[#args + 1] = F[k]
-  end
-  redis.call('ZADD', Z, unpack(args))
-end
-local gone = {}
 if cap >= 0 then
+  local top = redis.call('ZRANGE', Z, -1, -1, 'WITHSCORES')
+  local base = 0
+  if top[2] then base = tonumber(top[2]) end
+  for i = 1, n, CHUNK do
+    local args = {}
+    for k = i, math.min(i + CHUNK - 1, n) do
+      args[#args + 1] = base + (n - k + 1)  -- head block highest: the tail is evicted first
+      args[#args + 1] = F[k]
+    end
+    redis.call('ZADD', Z, unpack(args))
+  end
   local over = redis.call('HLEN', H) - cap
   while over > 0 do
     local victims = redis.call('ZRANGE', Z, 0, math.min(over, CHUNK) - 1)
     if #victims == 0 then break end
-    redis.call('HDEL', H, unpack(victims))
-    redis.call('ZREMRANGEBYRANK', Z, 0, #victims - 1)
-    for _, m in ipairs(victims) do gone[#gone + 1] = m end
+    forget(M, H, Z, X, victims, slot)
     over = over - #victims
   end
 end
-local olds = redis.call('ZRANGE', Z, 0, RECLAIM - 1)
-if #olds > 0 then
-  local vals = redis.call('HMGET', H, unpack(olds))
-  for i, m in ipairs(olds) do
-    local v = vals[i]
-    if v == '0' and cap >= 0 then break end
-    if live(v) and v ~= '0' then break end
-    if v and v ~= '0' then redis.call('HDEL', H, m); gone[#gone + 1] = m end
-    redis.call('ZREM', Z, m)  -- expired, stale, or permanent without a capacity: no longer ordered
-  end
-end
-mark(M, gone, slot, false)
-release(SLOTS, FREE, H, Z, ep, slot)
+drain(M, H, Z, X, slot, RECLAIM)
+release(SLOTS, FREE, H, Z, X, ep, slot)
 return n
 """
 
-# KEYS: M, SLOTS, FREE, H, Z. ARGV: endpoint, blob.
+# KEYS: M, SLOTS, FREE, H, Z, X. ARGV: endpoint, blob.
 REMOVE = """
-local M, SLOTS, FREE, H, Z = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local M, SLOTS, FREE, H, Z, X = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local ep = ARGV[1]
 local slot = redis.call('HGET', SLOTS, ep)
 if not slot then return 0 end
@@ -208,31 +232,20 @@ for i = 1, n, CHUNK do
   local vals = redis.call('HMGET', H, unpack(F, i, j))
   for k = i, j do if vals[k - i + 1] then gone[#gone + 1] = F[k] end end
 end
-for i = 1, #gone, CHUNK do
-  local j = math.min(i + CHUNK - 1, #gone)
-  redis.call('HDEL', H, unpack(gone, i, j))
-  redis.call('ZREM', Z, unpack(gone, i, j))
-end
-mark(M, gone, slot, false)
-release(SLOTS, FREE, H, Z, ep, slot)
+forget(M, H, Z, X, gone, slot)
+release(SLOTS, FREE, H, Z, X, ep, slot)
 return #gone
 """
 
-# KEYS: M, SLOTS, FREE, H, Z. ARGV: endpoint, the slice size, and an empty blob. Returns entries left.
+# KEYS: M, SLOTS, FREE, H, Z, X. ARGV: endpoint, the slice size, and an empty blob. Returns entries left.
 CLEAR = """
-local M, SLOTS, FREE, H, Z = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local M, SLOTS, FREE, H, Z, X = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local ep, slice = ARGV[1], tonumber(ARGV[2])
 local slot = redis.call('HGET', SLOTS, ep)
-if not slot then redis.call('DEL', H, Z); return 0 end
+if not slot then redis.call('DEL', H, Z, X); return 0 end
 slot = tonumber(slot)
-local victims = redis.call('HRANDFIELD', H, slice)
-for i = 1, #victims, CHUNK do
-  local j = math.min(i + CHUNK - 1, #victims)
-  redis.call('HDEL', H, unpack(victims, i, j))
-  redis.call('ZREM', Z, unpack(victims, i, j))
-end
-mark(M, victims, slot, false)
-release(SLOTS, FREE, H, Z, ep, slot)
+forget(M, H, Z, X, redis.call('HRANDFIELD', H, slice), slot)
+release(SLOTS, FREE, H, Z, X, ep, slot)
 return redis.call('HLEN', H)
 """
 
@@ -240,4 +253,6 @@ return redis.call('HLEN', H)
 def render(body: str, *, blob_arg: int) -> str:
     """A script with the common helpers, its blob argument index and the size constants filled in."""
     text = _COMMON.replace("ARGV[BLOB]", f"ARGV[{blob_arg}]") + body
-    return text.replace("CHUNK", str(CHUNK)).replace("RECLAIM", str(RECLAIM_PER_STORE))
+    for name, value in (("CHUNK", CHUNK), ("RECLAIM", RECLAIM_PER_STORE), ("DRAIN", DRAIN_PER_MATCH)):
+        text = text.replace(name, str(value))
+    return text

@@ -71,7 +71,7 @@ async def test_keys_share_the_namespace_hash_tag_and_clear_leaves_nothing(valkey
         await idx.store(E1, hs(5))
         await idx.store(E2, hs(5), ttl_s=60)
         keys = {k.decode() for k in await raw.keys("*") if k.startswith(f"{{{ns}}}".encode())}
-        assert keys == {f"{{{ns}}}:{k}" for k in ("m", "slots", "next", f"h:{E1}", f"h:{E2}", f"z:{E2}")}
+        assert keys == {f"{{{ns}}}:{k}" for k in ("m", "slots", "next", f"h:{E1}", f"h:{E2}", f"x:{E2}")}
         await idx.clear(E1)
         await idx.clear(E2)
         left = {k.decode() for k in await raw.keys(f"{{{ns}}}*")}
@@ -112,6 +112,42 @@ async def test_match_cost_does_not_grow_with_endpoints_on_shared_blocks(valkey_u
         assert stats["cmdstat_hmget"]["calls"] <= 12  # slices 16, 32, ... over {ns}:m, plus the slot lookup
     finally:
         await raw.aclose()
+        await idx.close()
+
+
+async def test_mixed_ttls_expire_exactly_and_are_reclaimed_by_match(index: RedisPrefixIndex) -> None:
+    a, b, c, d = hs(4)
+    await index.store(E1, [a, b, c])
+    await index.store(E1, [b], ttl_s=0.15)  # b now expires; a and c never do
+    await index.store(E1, [d], ttl_s=30)
+    await asyncio.sleep(0.3)
+    assert await index.match([a, b, c], [E1]) == {E1: 1}
+    assert await index.entries(E1) == 3  # the match dropped b
+    await index.store(E1, [b])  # back, without a ttl
+    assert await index.match([a, b, c, d], [E1]) == {E1: 4}
+
+
+async def test_a_backlog_bigger_than_one_drain_is_verified_per_block(
+    valkey_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from extproc.kvcache import redis_lua
+
+    monkeypatch.setattr(redis_lua, "DRAIN_PER_MATCH", 2)
+    monkeypatch.setattr(redis_lua, "RECLAIM_PER_STORE", 2)
+    idx = await RedisPrefixIndex.connect(valkey_url, namespace=f"k{uuid.uuid4().hex[:8]}")
+    try:
+        blocks = hs(20)
+        await idx.store(E1, blocks[:5])
+        await idx.store(E1, blocks[5:15], ttl_s=0.1)
+        await idx.store(E1, blocks[15:])
+        await asyncio.sleep(0.25)
+        assert await idx.match(blocks, [E1]) == {E1: 5}  # 10 expired, only 2 dropped: verified
+        assert await idx.entries(E1) == 18
+        for _ in range(5):
+            await idx.match(blocks, [E1])
+        assert await idx.entries(E1) == 10  # drained over the next matches
+        assert await idx.match(blocks, [E1]) == {E1: 5}
+    finally:
         await idx.close()
 
 
