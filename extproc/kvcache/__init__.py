@@ -1,1 +1,10 @@
-"""Prefix blocks: vLLM-identical hashing, the PrefixIndex interface and its backends, vLLM KV-event ingest."""
+"""Prefix blocks: vLLM-identical hashing, the PrefixIndex interface and its backends, vLLM KV-event ingest.
+
+Read path: ``hashing`` (token ids -> BlockHash) -> ``PrefixIndex.match`` (``index``; backends
+``memory_index`` and ``redis_index`` + its scripts ``redis_lua``).
+
+Write path (precise mode): engine PUB -> ``subscriber`` (one ZMQ SUB per endpoint; sequence, gap, replay via
+``replay``, restart and reconnect handling) -> ``events`` (the only module that knows vLLM's msgpack) ->
+``ingest`` (tier/group filter, self-check trust, coalesced writes) -> ``PrefixIndex`` store/remove/clear.
+``feed`` assembles the write path from the config for the app.
+"""
