@@ -184,6 +184,9 @@ def run_demo(args: argparse.Namespace, workdir: Path) -> int:
         print(f"stack up in {time.monotonic() - started:.1f} s (logs in {workdir})", flush=True)
         picked, baseline = _both_runs(stack, script)
         why = _picker_reasons(stack, len(script))
+        if stack.spec.kv_events:
+            print(f"the picker follows the KV events of {_precise_endpoints(stack)} of {len(stack.backends)} "
+                  "backends (router_precise_endpoints)")  # fmt: skip
         print()
         print_table(script, picked, baseline, stack.backends, why)
     pids = stack.processes()
@@ -216,6 +219,16 @@ def _picker_reasons(stack: Stack, count: int) -> list[str]:
     except TimeoutError:
         return ["?"] * count
     return [f"{e.reason or '-'}/{e.cached or '-'}" for e in entries]
+
+
+def _precise_endpoints(stack: Stack) -> int:
+    """The picker's ``router_precise_endpoints`` gauge: backends whose KV-event stream it trusts."""
+    import urllib.request
+
+    with urllib.request.urlopen(stack.picker_metrics_url, timeout=5) as resp:
+        text = resp.read().decode()
+    lines = [line for line in text.splitlines() if line.startswith("router_precise_endpoints ")]
+    return int(float(lines[0].split()[-1])) if lines else 0
 
 
 def _main(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import urllib.request
 from pathlib import Path
 
@@ -33,6 +34,21 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _precise_endpoints(metrics_url: str, timeout_s: float = 10.0) -> float:
+    """``router_precise_endpoints`` once it stops growing toward the backend count (bounded wait)."""
+    deadline = time.monotonic() + timeout_s
+    value = 0.0
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(metrics_url, timeout=5) as resp:
+            text = resp.read().decode()
+        value = next((float(line.split()[-1]) for line in text.splitlines()
+                      if line.startswith("router_precise_endpoints ")), 0.0)  # fmt: skip
+        if value >= 3:
+            break
+        time.sleep(0.2)
+    return value
+
+
 def test_stack_with_every_envoy_kind_and_kv_events(tmp_path: Path) -> None:
     spec = StackSpec(backends=3, backends_per_sim=2, envoy="picker", extra_envoys=("round_robin", "least_request"),
                      sim_profile="fast", kv_events=True)  # fmt: skip
@@ -47,6 +63,7 @@ def test_stack_with_every_envoy_kind_and_kv_events(tmp_path: Path) -> None:
         assert all(hosts <= set(stack.backends) for hosts in served.values())
         with urllib.request.urlopen(stack.picker_metrics_url, timeout=5) as resp:
             assert b"router_pick_phase_seconds" in resp.read()
+        assert _precise_endpoints(stack.picker_metrics_url) == 3  # every backend's KV events reach the picker
         stack.reset_prefix_caches()
         pids = stack.processes()
         assert len(pids) == 2 + 1 + 3

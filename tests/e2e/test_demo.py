@@ -101,3 +101,11 @@ def test_every_process_is_stopped(demo_output: str) -> None:
     pids = [int(p) for p in m.group(2).split()]
     assert len(pids) == int(m.group(1)) == 4  # one vllm-sim (2 servers), one picker, two Envoys
     assert not [pid for pid in pids if _alive(pid)]
+
+
+def test_with_kv_events_the_picker_follows_every_backend_and_without_none(demo_output: str) -> None:
+    followed = re.search(r"the picker follows the KV events of (\d+) of 2 backends", demo_output)
+    if "fed by KV events" in demo_output:
+        assert followed and followed.group(1) == "2", demo_output
+    else:
+        assert followed is None
