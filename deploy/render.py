@@ -17,6 +17,7 @@ differs from a fresh render, and runs ``envoy --mode validate`` on each.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -194,7 +195,7 @@ def istio_text(mode: str) -> str:
     return HEADER + _ISTIO_NOTES[mode] + to_yaml(istio_envoyfilter(mode))
 
 
-RENDERED = {
+RENDERED: dict[Path, Callable[[], str]] = {
     DEPLOY / "compose" / "envoy.yaml": lambda: HEADER + to_yaml(compose_bootstrap()),
     DEPLOY / "k8s" / "envoy" / "envoy.yaml": lambda: HEADER + to_yaml(k8s_bootstrap()),
     DEPLOY / "istio" / "envoyfilter-gateway.yaml": lambda: istio_text("gateway"),
