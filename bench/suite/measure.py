@@ -1,0 +1,143 @@
+"""Measurements around a cell: backend counters, process CPU, and the per-cell summary ``results.json`` keeps.
+
+Load spread comes from the backends themselves (requests finished per backend, from the difference of
+``vllm:e2e_request_latency_seconds_count`` before and after the cell), so it is measured the same way behind
+Envoy and behind a peer router. Router CPU is user+system time of the router's processes from
+``/proc/<pid>/stat`` (picker replicas and valkey-server for ours, the peer's process for peers; Envoy's own
+CPU apart), before and after.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import time
+import urllib.request
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from bench.suite.client import Result
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_SAMPLE = re.compile(r"^(vllm:[a-zA-Z0-9_:]+)(?:\{[^}]*\})? ([0-9.eE+-]+|NaN)$", re.MULTILINE)
+
+
+def scrape(address: str, timeout_s: float = 5.0) -> dict[str, float]:
+    """Unlabelled-sum of every ``vllm:*`` sample of one backend's /metrics."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=timeout_s) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for name, value in _SAMPLE.findall(text):
+        with_nan = float(value)
+        if not math.isnan(with_nan):
+            out[name] = out.get(name, 0.0) + with_nan
+    return out
+
+
+def requests_done(addresses: Sequence[str]) -> list[float]:
+    return [scrape(a).get("vllm:e2e_request_latency_seconds_count", 0.0) for a in addresses]
+
+
+def wait_idle(addresses: Sequence[str], timeout_s: float = 60.0) -> bool:
+    """Poll until no backend has running or waiting requests (bounded)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        busy = 0.0
+        for a in addresses:
+            m = scrape(a)
+            busy += m.get("vllm:num_requests_running", 0.0) + m.get("vllm:num_requests_waiting", 0.0)
+        if busy == 0:
+            return True
+        time.sleep(0.25)
+    return False
+
+
+def reset_caches(addresses: Sequence[str]) -> None:
+    """Every backend starts the cell cold (forced: a request the client gave up on may still be running)."""
+    for a in addresses:
+        req = urllib.request.Request(f"http://{a}/reset_prefix_cache?reset_running_requests=true", data=b"",
+                                     method="POST")  # fmt: skip
+        with urllib.request.urlopen(req, timeout=10.0) as resp:
+            resp.read()
+
+
+def cpu_s(pids: Iterable[int]) -> float:
+    """user+system seconds of ``pids`` (a vanished process counts 0)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of the line)
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / _TICK
+
+
+def pct(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0-100), linear interpolation; None when empty."""
+    if not values:
+        return None
+    s = sorted(values)
+    k = (len(s) - 1) * q / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def _r(x: float | None, nd: int = 4) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+def summarize(results: list[Result], *, rate: float, ceiling: float, per_backend: list[float],
+              router_cpu: float, envoy_cpu: float) -> dict[str, Any]:  # fmt: skip
+    ok = [r for r in results if r.ok]
+    ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
+    e2e = [r.e2e_s for r in ok if r.e2e_s is not None]
+    prompt = sum(r.prompt_tokens for r in ok)
+    cached = sum(r.cached_tokens for r in ok)
+    out_tokens = sum(r.completion_tokens for r in ok)
+    if ok:
+        first = min(r.start_s for r in ok)
+        last = max(r.start_s + (r.e2e_s or 0.0) for r in ok)
+        span = max(1e-6, last - first)
+    else:
+        span = 0.0
+    total = sum(per_backend)
+    mean = total / len(per_backend) if per_backend else 0.0
+    cv = (math.sqrt(sum((x - mean) ** 2 for x in per_backend) / len(per_backend)) / mean) if mean else None
+    share = cached / prompt if prompt else 0.0
+    errors: dict[str, int] = {}
+    for r in results:
+        if not r.ok:
+            key = r.error.split(":")[0][:60]
+            errors[key] = errors.get(key, 0) + 1
+    mismatched = sum(1 for r in ok if r.prompt_tokens != r.expected_prompt_tokens)
+    return {
+        "offered_rate_rps": rate,
+        "requests": len(results),
+        "succeeded": len(ok),
+        "success_rate": _r(len(ok) / len(results) if results else 0.0),
+        "ttft_p50_s": _r(pct(ttft, 50)),
+        "ttft_p90_s": _r(pct(ttft, 90)),
+        "ttft_p99_s": _r(pct(ttft, 99)),
+        "ttft_mean_s": _r(sum(ttft) / len(ttft) if ttft else None),
+        "e2e_p50_s": _r(pct(e2e, 50)),
+        "e2e_p90_s": _r(pct(e2e, 90)),
+        "e2e_p99_s": _r(pct(e2e, 99)),
+        "output_tok_s": _r(out_tokens / span if span else 0.0, 2),
+        "duration_s": _r(span, 2),
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "cached_token_share": _r(share),
+        "ceiling_cached_share": _r(ceiling),
+        "cached_share_of_ceiling": _r(share / ceiling if ceiling else None),
+        "backend_requests": [int(x) for x in per_backend],
+        "load_spread_cv": _r(cv),
+        "load_max_over_mean": _r(max(per_backend) / mean if mean else None),
+        "router_cpu_s": _r(router_cpu, 3),
+        "router_cpu_ms_per_req": _r(1000 * router_cpu / len(ok) if ok else None, 3),
+        "envoy_cpu_s": _r(envoy_cpu, 3),
+        "prompt_token_mismatches": mismatched,
+        "errors": errors,
+    }

@@ -1,0 +1,61 @@
+"""The policies compared: Envoy's own balancers, our picker in four configurations, and the peer routers.
+
+Each maps to plain data that ``fleet.start_router`` turns into processes. Our picker's configurations:
+
+* ``load``: the TTFT profile with the index off (``index.enabled: false``): load alone;
+* ``approximate``: the default picker, no KV events (its index learns from its own decisions);
+* ``precise``: endpoints' ``kv_events`` set (the simulators publish, the picker subscribes, with replay);
+* ``precise_x2``: two picker replicas sharing ``index.backend: redis`` (valkey-server) behind one Envoy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    kind: Literal["envoy", "picker", "sglang", "vllm"]
+    summary: str
+    envoy_kind: str = "round_robin"
+    picker_overrides: dict[str, Any] = field(default_factory=dict)
+    kv_events: bool = False
+    replicas: int = 1
+    redis: bool = False
+    peer_policy: str = ""
+
+    @property
+    def ours(self) -> bool:
+        return self.kind == "picker"
+
+    @property
+    def peer(self) -> bool:
+        return self.kind in ("sglang", "vllm")
+
+
+POLICIES: dict[str, Policy] = {
+    p.name: p
+    for p in (
+        Policy("round_robin", "envoy", "Envoy round robin, no picker", envoy_kind="round_robin"),
+        Policy("least_request", "envoy", "Envoy least request, no picker", envoy_kind="least_request"),
+        Policy("load", "picker", "ours: TTFT profile, index disabled (load only)",
+               picker_overrides={"index": {"enabled": False}}),
+        Policy("approximate", "picker", "ours: default picker, approximate index (no KV events)"),
+        Policy("precise", "picker", "ours: precise index fed by the simulators' KV events", kv_events=True),
+        Policy("precise_x2", "picker", "ours: two precise replicas sharing a Redis (valkey) index",
+               kv_events=True, replicas=2, redis=True),
+        Policy("sglang_cache_aware", "sglang", "sglang-router cache_aware", peer_policy="cache_aware"),
+        Policy("sglang_round_robin", "sglang", "sglang-router round_robin", peer_policy="round_robin"),
+        Policy("sglang_power_of_two", "sglang", "sglang-router power_of_two", peer_policy="power_of_two"),
+        Policy("vllm_cache_aware", "vllm", "vllm-router cache_aware", peer_policy="cache_aware"),
+        Policy("vllm_kv_aware", "vllm", "vllm-router kv_aware, fed by the simulators' KV events",
+               peer_policy="kv_aware"),
+        Policy("vllm_consistent_hash", "vllm", "vllm-router consistent_hash", peer_policy="consistent_hash"),
+    )
+}  # fmt: skip
+
+OURS = tuple(n for n, p in POLICIES.items() if p.ours)
+PEERS = tuple(n for n, p in POLICIES.items() if p.peer)
+BASELINES = ("round_robin", "least_request")

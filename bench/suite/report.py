@@ -1,0 +1,268 @@
+"""``report.md`` and PNG plots from ``results.json``; the issue's goals checked on the numbers of one run.
+
+Goals (all from one run, same fleet, side by side):
+
+* ``tenants``, at the highest rate that round robin completes (every request succeeded): precise TTFT p90
+  <= 0.1x round robin and <= 0.5x approximate; output tokens/s >= 1.5x round robin; cached share >= 90% of
+  the workload's ceiling;
+* ``unique``: precise and approximate within 5% of round robin (TTFT p90 at most 1.05x, output tokens/s at
+  least 0.95x);
+* every prefix-heavy workload: precise TTFT p90 below the best (lowest) of the peer routers' policies, at the
+  highest rate where that peer completed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from bench.suite.policies import OURS, PEERS, POLICIES
+
+COLUMNS = (
+    ("rate", "offered_rate_rps", "{:g}"),
+    ("ok", "success_rate", "{:.2f}"),
+    ("TTFT p50 s", "ttft_p50_s", "{:.3f}"),
+    ("TTFT p90 s", "ttft_p90_s", "{:.3f}"),
+    ("TTFT p99 s", "ttft_p99_s", "{:.3f}"),
+    ("E2E p50 s", "e2e_p50_s", "{:.2f}"),
+    ("E2E p90 s", "e2e_p90_s", "{:.2f}"),
+    ("out tok/s", "output_tok_s", "{:.0f}"),
+    ("cached", "cached_token_share", "{:.2f}"),
+    ("of ceiling", "cached_share_of_ceiling", "{:.2f}"),
+    ("spread cv", "load_spread_cv", "{:.2f}"),
+    ("router CPU ms/req", "router_cpu_ms_per_req", "{:.1f}"),
+)
+
+
+def _fmt(fmt: str, value: Any) -> str:
+    return "–" if value is None else fmt.format(value)
+
+
+def _cells(doc: dict[str, Any], workload: str, policy: str) -> list[dict[str, Any]]:
+    p = doc["workloads"].get(workload, {}).get("policies", {}).get(policy)
+    return p["cells"] if p and p.get("status") == "ok" else []
+
+
+def _at(cells: list[dict[str, Any]], rate: float) -> dict[str, Any] | None:
+    return next((c for c in cells if c["offered_rate_rps"] == rate), None)
+
+
+def _completed(cell: dict[str, Any] | None) -> bool:
+    return cell is not None and cell["success_rate"] >= 1.0
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def goals(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each goal: ``name``, ``met`` (True/False/None = not measurable), ``detail``."""
+    out: list[dict[str, Any]] = []
+    if "tenants" in doc["workloads"]:
+        out += _tenant_goals(doc)
+    if "unique" in doc["workloads"]:
+        out += _unique_goals(doc)
+    for name, w in doc["workloads"].items():
+        if w.get("prefix_heavy"):
+            out.append(_peer_goal(doc, name))
+    return out
+
+
+def _tenant_goals(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    rr, pr, ap = (_cells(doc, "tenants", p) for p in ("round_robin", "precise", "approximate"))
+    done = [c["offered_rate_rps"] for c in rr if _completed(c)]
+    if not done or not pr:
+        return [{"name": "tenants goals", "met": None, "detail": "round robin or precise did not complete any rate"}]
+    rate = max(done)
+    r, p, a = _at(rr, rate), _at(pr, rate), _at(ap, rate)
+    if p is None:
+        return [{"name": "tenants goals", "met": None, "detail": f"precise has no cell at {rate:g} rps"}]
+    assert r is not None
+    where = f"tenants at {rate:g} rps (highest rate round robin completes)"
+    res = []
+    x = _ratio(p["ttft_p90_s"], r["ttft_p90_s"])
+    res.append({"name": "precise TTFT p90 <= 0.1x round robin", "met": x is not None and x <= 0.1,
+                "detail": f"{where}: {_fmt('{:.3f}', p['ttft_p90_s'])} s vs {_fmt('{:.3f}', r['ttft_p90_s'])} s "
+                          f"= {_fmt('{:.3f}', x)}x"})  # fmt: skip
+    if a is not None:
+        x = _ratio(p["ttft_p90_s"], a["ttft_p90_s"])
+        res.append({"name": "precise TTFT p90 <= 0.5x approximate", "met": x is not None and x <= 0.5,
+                    "detail": f"{where}: {_fmt('{:.3f}', p['ttft_p90_s'])} s vs "
+                              f"{_fmt('{:.3f}', a['ttft_p90_s'])} s = {_fmt('{:.2f}', x)}x"})  # fmt: skip
+    x = _ratio(p["output_tok_s"], r["output_tok_s"])
+    res.append(
+        {
+            "name": "precise output tok/s >= 1.5x round robin",
+            "met": x is not None and x >= 1.5,
+            "detail": f"{where}: {p['output_tok_s']:.0f} vs {r['output_tok_s']:.0f} = {_fmt('{:.2f}', x)}x",
+        }
+    )
+    x = p["cached_share_of_ceiling"]
+    res.append({"name": "precise cached share >= 90% of ceiling", "met": x is not None and x >= 0.9,
+                "detail": f"{where}: {p['cached_token_share']:.3f} of ceiling {p['ceiling_cached_share']:.3f} "
+                          f"= {_fmt('{:.1%}', x)}"})  # fmt: skip
+    return res
+
+
+def _unique_goals(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    rr = _cells(doc, "unique", "round_robin")
+    res = []
+    for ours in ("precise", "approximate"):
+        mine = _cells(doc, "unique", ours)
+        common = [c["offered_rate_rps"] for c in rr if _at(mine, c["offered_rate_rps"]) is not None]
+        if not common:
+            res.append({"name": f"unique: {ours} within 5% of round robin", "met": None, "detail": "not measured"})
+            continue
+        rate = max(common)
+        r, m = _at(rr, rate), _at(mine, rate)
+        assert r is not None and m is not None
+        t = _ratio(m["ttft_p90_s"], r["ttft_p90_s"])
+        o = _ratio(m["output_tok_s"], r["output_tok_s"])
+        met = t is not None and o is not None and t <= 1.05 and o >= 0.95
+        res.append(
+            {
+                "name": f"unique: {ours} within 5% of round robin",
+                "met": met,
+                "detail": f"at {rate:g} rps: TTFT p90 {_fmt('{:.3f}', m['ttft_p90_s'])} vs "
+                f"{_fmt('{:.3f}', r['ttft_p90_s'])} s ({_fmt('{:.2f}', t)}x), output "
+                f"{m['output_tok_s']:.0f} vs {r['output_tok_s']:.0f} tok/s ({_fmt('{:.2f}', o)}x)",
+            }
+        )
+    return res  # fmt: skip
+
+
+def _peer_goal(doc: dict[str, Any], workload: str) -> dict[str, Any]:
+    name = f"{workload}: precise TTFT p90 below the best peer"
+    ours = _cells(doc, workload, "precise")
+    best: tuple[float, str, float, float] | None = None  # (peer p90, peer, rate, our p90)
+    for peer in PEERS:
+        cells = _cells(doc, workload, peer)
+        done = [c for c in cells if _completed(c) and _at(ours, c["offered_rate_rps"]) is not None]
+        if not done:
+            continue
+        c = max(done, key=lambda c: c["offered_rate_rps"])
+        mine = _at(ours, c["offered_rate_rps"])
+        assert mine is not None
+        if c["ttft_p90_s"] is None or mine["ttft_p90_s"] is None:
+            continue
+        # the best peer: the one closest to (or beating) us at its highest completed common rate
+        score = c["ttft_p90_s"] / mine["ttft_p90_s"]
+        if best is None or score < best[0] / best[3]:
+            best = (c["ttft_p90_s"], peer, c["offered_rate_rps"], mine["ttft_p90_s"])
+    if best is None:
+        return {"name": name, "met": None, "detail": "no peer completed a rate that precise also ran"}
+    peer_p90, peer, rate, mine_p90 = best
+    return {"name": name, "met": mine_p90 < peer_p90,
+            "detail": f"at {rate:g} rps: precise {mine_p90:.3f} s vs {peer} {peer_p90:.3f} s "
+                      f"({mine_p90 / peer_p90:.2f}x)"}  # fmt: skip
+
+
+def _table(doc: dict[str, Any], workload: str) -> list[str]:
+    w = doc["workloads"][workload]
+    lines = ["| policy | " + " | ".join(h for h, _, _ in COLUMNS) + " |",
+             "|---|" + "---:|" * len(COLUMNS)]  # fmt: skip
+    for policy, entry in w["policies"].items():
+        if entry.get("status") != "ok":
+            lines.append(f"| {policy} | unavailable: {entry.get('reason', '')[:160]} |" + " |" * (len(COLUMNS) - 1))
+            continue
+        for c in entry["cells"]:
+            row = [_fmt(f, c.get(k)) for _, k, f in COLUMNS]
+            lines.append(f"| {policy} | " + " | ".join(row) + " |")
+    return lines
+
+
+def render(doc: dict[str, Any], plots: list[str]) -> str:
+    meta = doc["meta"]
+    m = meta["machine"]
+    out = [
+        "# Routing benchmark",
+        "",
+        f"Command: `{meta['command']}` (seed {meta['seed']}, git {meta.get('git_commit') or '?'}), "
+        f"{meta.get('started_utc', '?')} to {meta.get('finished_utc', 'unfinished')}.",
+        f"Machine: {m['cpus']} CPUs ({m['cpu_model']}), {m['platform']}, Python {m['python']}; "
+        "shared with other jobs, so small differences are noise.",
+        f"Peers: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}.",
+        "",
+        "**Absolute times are the simulator's**: an H100/Llama-3-8B roofline model (`vllm-sim`), slowed by each "
+        "workload's time scale, measured by one asyncio client through each router on 127.0.0.1. Compare "
+        "policies within a run; do not read the seconds as a GPU's.",
+        "",
+        "Every cell starts with every backend's prefix cache reset, and each rung of a rate ladder sends text no "
+        "router has seen. `cached` = backend-reported cached prompt tokens / prompt tokens; `of ceiling` = that "
+        "over what an infinite cache would hit on the same requests. `spread cv` = coefficient of variation of "
+        "requests per backend (0 = even). Router CPU: picker replicas (+ valkey) or the peer process; Envoy apart.",
+        "",
+        "## Goals",
+        "",
+        "| goal | met | measured |",
+        "|---|---|---|",
+    ]
+    for g in goals(doc):
+        mark = {True: "yes", False: "**no**", None: "n/a"}[g["met"]]
+        out.append(f"| {g['name']} | {mark} | {g['detail']} |")
+    out += ["", "## Policies", ""]
+    out += [f"- `{n}`: {s}" for n, s in doc["policies"].items()]
+    for name, w in doc["workloads"].items():
+        f = w["fleet"]
+        ceilings = ", ".join(f"{c:.2f}" for c in w["ceiling_cached_share"])
+        out += ["", f"## {name}", "", f"{w['summary']}.", "",
+                f"Fleet: {f['backends']} backends x {f['num_gpu_blocks']} KV blocks ({f['kv_tokens_per_backend']} "
+                f"tokens each), profile {f['profile']}, time scale {f['time_scale']:g}. Rates {w['rates_rps']} req/s, "
+                f"{w['requests_per_rate']} requests; ceiling cached share {ceilings}.", ""]  # fmt: skip
+        out += _table(doc, name)
+        png = f"{_slug(name)}.png"
+        if png in plots:
+            out += ["", f"![{name}]({png})"]
+    return "\n".join(out) + "\n"
+
+
+def _slug(name: str) -> str:
+    return name.replace(":", "_").replace("/", "_")
+
+
+def plot(doc: dict[str, Any], out: Path) -> list[str]:
+    """One PNG per workload: TTFT p90, output tokens/s and cached share against the offered rate."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    written = []
+    for name, w in doc["workloads"].items():
+        fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
+        for policy, entry in w["policies"].items():
+            cells = entry.get("cells") or []
+            if not cells:
+                continue
+            style = "-" if POLICIES[policy].ours else ("--" if POLICIES[policy].peer else ":")
+            marker = "o" if policy in OURS else ("s" if POLICIES[policy].peer else "^")
+            rates = [c["offered_rate_rps"] for c in cells]
+            for ax, key in zip(axes, ("ttft_p90_s", "output_tok_s", "cached_token_share"), strict=True):
+                ys = [c[key] if c[key] is not None else float("nan") for c in cells]
+                ax.plot(rates, ys, style, marker=marker, label=policy, linewidth=1.4, markersize=4)
+        axes[0].set_yscale("log")
+        axes[0].set_title("TTFT p90 (s, log)")
+        axes[1].set_title("output tokens/s")
+        axes[2].set_title("cached share of prompt tokens")
+        ceil = w["ceiling_cached_share"]
+        axes[2].plot(w["rates_rps"][: len(ceil)], ceil, "k-", linewidth=3, alpha=0.25, label="ceiling")
+        for ax in axes:
+            ax.set_xlabel("offered rate (req/s)")
+            ax.grid(alpha=0.3)
+        axes[2].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+        fig.suptitle(f"{name}: {w['summary']}", fontsize=9)
+        fig.tight_layout()
+        png = f"{_slug(name)}.png"
+        fig.savefig(out / png, dpi=90)
+        plt.close(fig)
+        written.append(png)
+    return written
+
+
+def write(out: Path, plots: bool = True) -> None:
+    doc = json.loads((out / "results.json").read_text())
+    written = plot(doc, out) if plots else []
+    (out / "report.md").write_text(render(doc, written))

