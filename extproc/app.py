@@ -99,6 +99,8 @@ class App:
         )
         self.approx: PrefixIndex = MemoryPrefixIndex(capacity_blocks=self._approx_capacity)
         self.executor = ThreadPoolExecutor(config.limits.tokenizer_workers, thread_name_prefix="tokenize")
+        # Hashing gets its own thread: behind busy tokenizer threads it queued for tens of ms under load.
+        self.hash_executor = ThreadPoolExecutor(1, thread_name_prefix="hash")
         self.scraper = Scraper(
             self.registry,
             {EndpointId(e.address): f"http://{e.address}" for e in config.endpoints},
@@ -215,7 +217,7 @@ class App:
             is_precise=self.feed.is_precise,
             profile=build_profile(config),
             metrics=self.metrics,
-            executor=self.executor,
+            executor=self.hash_executor,
             shared_load=self.shared_load,
         )
 
@@ -286,3 +288,4 @@ class App:
             await self.shared_load.close()
         await self.approx.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.hash_executor.shutdown(wait=False, cancel_futures=True)

@@ -48,7 +48,7 @@ LLM_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 HEADER_REASON = "x-router-reason"
 HEADER_CACHED = "x-router-cached-tokens"
 HEADER_PROMPT = "x-router-prompt-tokens"
-_INLINE_HASH_BLOCKS = 256  # longer prompts are hashed off the event loop
+_INLINE_HASH_BLOCKS = 512  # longer prompts (~0.6 ms+) are hashed off the event loop
 _SERVED_MEMORY = 1024  # picks remembered until Envoy reports the served endpoint (oldest forgotten first)
 
 
@@ -92,7 +92,7 @@ class RouterDeps:
     is_precise: Callable[[EndpointId], bool]  # endpoint has a live, trusted event stream
     profile: Profile
     metrics: RouterMetrics
-    executor: Executor
+    executor: Executor  # for hashing long prompts: its own thread, never queued behind tokenization
     shared_load: SharedLoad | None = None  # in-flight load shared with the other replicas (Redis)
 
 
