@@ -107,9 +107,12 @@ def make_stack(tmp_path: Path) -> Iterator[StackFactory]:
         if kv_events:
             overrides["endpoints"] = [{"address": f"127.0.0.1:{p}", "kv_events": _events(tmp_path, p)}
                                       for p in ports[:backends]]
-        if dead_eps:  # dead endpoints "borrow" a live backend's metrics, so the picker believes them healthy
+        if dead_eps:
+            # Dead endpoints "borrow" a live backend's metrics, so the picker believes them healthy and idle;
+            # the live ones get a metrics URL that answers 404 (load unknown, still healthy), so the picker
+            # deterministically prefers a dead endpoint and Envoy must retry on the fallback.
             first = next(iter(sims))
-            overrides["endpoints"] = [{"address": e} for e in sims] + [
+            overrides["endpoints"] = [{"address": e, "metrics_url": f"http://{e}/no-metrics-here"} for e in sims] + [
                 {"address": e, "metrics_url": f"http://{first}/metrics"} for e in dead_eps]
         proc, grpc_port, metrics_port = _start_picker([*sims, *dead_eps], tmp_path, overrides)
         envoy = EnvoyProcess(options_for_test([*sims, *dead_eps], workdir=tmp_path, picker_port=grpc_port),
