@@ -84,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="vllm-sim",
         usage="vllm-sim [MODEL] [options]",
         description="A vLLM-compatible simulator (no GPU).",
+        allow_abbrev=False,  # an unknown vLLM flag must never be taken for an abbreviation of ours
     )
     _vllm_flags(p)
     _more_vllm_flags(p)
@@ -91,9 +92,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _dashed(arg: str) -> str:
+    """vLLM accepts ``--max_model_len``: underscores in a flag's name (not its value) become dashes."""
+    if not arg.startswith("--"):
+        return arg
+    name, sep, value = arg.partition("=")
+    return name.replace("_", "-") + sep + value
+
+
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     """Parse flags; a leading non-flag word is the model (``vllm serve MODEL``). Returns unknown flags too."""
-    rest = list(argv)
+    rest = [_dashed(a) for a in argv]
     model_tag = rest.pop(0) if rest and not rest[0].startswith("-") else None
     args, unknown = build_parser().parse_known_args(rest)
     args.model_tag = model_tag

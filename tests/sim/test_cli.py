@@ -38,9 +38,11 @@ def test_flags_resolve_like_vllm_serve() -> None:
 
 
 def test_model_positional_and_unknown_vllm_flags() -> None:
-    args, unknown = parse_args(["Qwen/Qwen3-0.6B", "--gpu-memory-utilization", "0.9", "--port", "9"])
-    assert args.model_tag == "Qwen/Qwen3-0.6B" and args.port == 9
-    assert unknown == ["--gpu-memory-utilization", "0.9"]
+    args, unknown = parse_args(
+        ["Qwen/Qwen3-0.6B", "--gpu-memory-utilization", "0.9", "--port", "9", "--max_model_len=77", "--max-num", "3"]
+    )
+    assert args.model_tag == "Qwen/Qwen3-0.6B" and args.port == 9 and args.max_model_len == 77
+    assert unknown == ["--gpu-memory-utilization", "0.9", "--max-num", "3"]  # no abbreviations of our flags
 
 
 def test_kv_events_config_keys_defaults_and_offsets() -> None:
