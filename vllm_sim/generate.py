@@ -130,9 +130,11 @@ class GenerateHandlers:
     ) -> web.StreamResponse:
         resp = web.StreamResponse(headers=_SSE_HEADERS)
         await resp.prepare(request)
-        if head.chat:
-            await _sse(resp, stream_chunk(head, 0, None, None))
+        role_pending = head.chat  # vLLM sends the role-only delta with the first output, i.e. after prefill
         async for index, delta, finish in _deltas(reqs):
+            if role_pending:
+                await _sse(resp, stream_chunk(head, 0, None, None))
+                role_pending = False
             await _sse(resp, stream_chunk(head, index, self._fe.text_of(delta), finish))
         if params.include_usage:
             await _sse(resp, usage_chunk(head, self._usage(reqs)))
