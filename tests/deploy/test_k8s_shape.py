@@ -134,7 +134,7 @@ def cluster(tmp_path: Path) -> Iterator[dict[str, Any]]:
 
     dns = LoopbackDns().start_in_thread()
     pods = Pods(tmp_path)
-    redis = ValkeyServer(host="127.0.0.1")
+    redis = ValkeyServer(host="127.0.0.1", port=free_ports(1)[0])  # not its default 16379: parallel runs
     picker: ManagedProcess | None = None
     envoy: EnvoyProcess | None = None
     try:
