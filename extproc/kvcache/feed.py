@@ -6,6 +6,10 @@ router asks ``is_precise(endpoint)`` per request to choose between the precise i
 A purge (engine restart, unreplayable gap, reconnect, ``AllBlocksCleared``) also clears the endpoint's
 *approximate* entries: a restarted engine holds nothing, and neither our guesses nor our burst marks may
 outlive that.
+
+With ``leases`` (replicas sharing a Redis index) only the lease holder writes an endpoint's events to the
+shared index (``lease.py``); every replica still follows every stream, and purges still clear its own
+approximate entries.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from extproc.config import EndpointConfig
 from extproc.kvcache.index import PrefixIndex
 from extproc.kvcache.ingest import Ingest
+from extproc.kvcache.lease import StreamLeases
 from extproc.kvcache.subscriber import EventSource, KvEventSubscriber, SubscriberOptions
 from extproc.types import BlockHash, EndpointId, HashScheme
 
@@ -67,13 +72,18 @@ class EventFeed:
         approx: PrefixIndex,
         scheme_for: Callable[[EndpointId], HashScheme | None],
         options: SubscriberOptions | None = None,
+        leases: StreamLeases | None = None,
     ) -> None:
         self._sources = list(sources)
-        self.ingest = Ingest(_ClearsBoth(precise, approx), scheme_for)
-        self.subscriber = KvEventSubscriber(self.ingest, options=options)
+        self.leases = leases
+        writes = precise if leases is None else leases.writes()
+        self.ingest = Ingest(_ClearsBoth(writes, approx), scheme_for)
+        self.subscriber = KvEventSubscriber(self.ingest, options=options, gate=leases)
 
     def start(self) -> None:
         """Begin following every source (one background task each, owned by the subscriber)."""
+        if self.leases is not None:
+            self.leases.start()
         for source in self._sources:
             self.subscriber.add(source)
 
@@ -81,4 +91,7 @@ class EventFeed:
         return self.subscriber.is_precise(endpoint)
 
     async def stop(self) -> None:
+        """Stop following (no more writes), then release the leases so other replicas take over at once."""
         await self.subscriber.close()
+        if self.leases is not None:
+            await self.leases.close()

@@ -10,6 +10,11 @@ Key schema (``ns`` = the namespace, default ``"kvidx"``; ``<h>`` = a BlockHash a
     {ns}:x:<endpoint>   ZSET    member = <h>, score = expires-at ms: its entries that have a ttl
     {ns}:z:<endpoint>   ZSET    member = <h>, score = its LRU clock (higher = stored more recently): only when
                                 the index has a capacity
+    {ns}:lease:<endpoint>  HASH  owner = replica id, token = its fencing token; PX = the lease ttl. Who applies
+                                the endpoint's KV-event stream (``lease.py``); gone = nobody
+    {ns}:stream:<endpoint> HASH  fence = the last token handed out (HINCRBY per acquisition, never reset);
+                                seq, digest = the last batch applied to the index (its sequence number and the
+                                first 8 bytes of blake2b of its payload): where a new owner resumes
 
 * ``match`` is **one round trip**: EVALSHA of a Lua script that walks the request's hashes in order over
   ``{ns}:m`` (HMGET in growing slices, 16 ... 2048 fields), keeps the requested endpoints whose bit is set,
@@ -21,6 +26,10 @@ Key schema (``ns`` = the namespace, default ``"kvidx"``; ``<h>`` = a BlockHash a
 * ``store`` / ``remove`` are one script call each; ``clear`` walks the endpoint's own HASH (the reverse
   index) in slices of ``_CLEAR_SLICE`` per script call: O(that endpoint's entries), never a keyspace scan.
   An endpoint left with no entries frees its slot.
+* Fencing: a write made for an endpoint's event stream carries the writer's token (``fence=``); the script
+  checks it against ``lease:<endpoint>`` first and changes nothing (``FencedOut``) if it is not the current
+  one. Unfenced writes (``fence=None``: one replica, approximate entries) skip the check. The lease scripts
+  (acquire, renew, release, commit the last applied batch) live in ``lease.py``, on ``lease_keys``.
 * Capacity (optional, for the approximate mode): after a store, the endpoint's lowest-scored entries beyond
   its capacity are evicted. Scores come from a per-endpoint counter (top score + 1, ...); within one store the
   head block gets the highest score, so a prompt's tail is evicted before its prefix (as in memory).
@@ -59,8 +68,13 @@ from extproc.kvcache import redis_lua as lua
 from extproc.kvcache.index import IndexUnavailable
 from extproc.types import BlockHash, EndpointId
 
+_FENCED = -1  # what a write script returns when its fencing token is not the lease's
 _CLEAR_SLICE = 10_000  # entries a clear script call removes (bounds how long one call blocks the server)
 _CLEAR_MAX_CALLS = 100_000  # bound on clear's loop (1e9 entries); a concurrent writer cannot keep it alive
+
+
+class FencedOut(IndexUnavailable):
+    """A fenced write was refused: the token is not the endpoint's current lease token (a deposed owner)."""
 
 
 class RedisPrefixIndex:
@@ -147,28 +161,37 @@ class RedisPrefixIndex:
         return {e: int(n) for e, n in zip(eps, counts, strict=True) if int(n)}
 
     async def store(
-        self, endpoint: EndpointId, hashes: Sequence[BlockHash], *, ttl_s: float | None = None
+        self,
+        endpoint: EndpointId,
+        hashes: Sequence[BlockHash],
+        *,
+        ttl_s: float | None = None,
+        fence: int | None = None,
     ) -> None:
-        """Record ``hashes`` on ``endpoint`` with optional expiry; evicts beyond capacity. One script call."""
+        """Record ``hashes`` on ``endpoint`` with optional expiry; evicts beyond capacity. One script call.
+        With ``fence``, only while it is the endpoint's lease token (else FencedOut)."""
         if not hashes:
             return
         ttl_ms = 0 if ttl_s is None else max(1, round(ttl_s * 1000))
         cap = self._capacity_for(endpoint)
-        args: list[bytes | str | int] = [endpoint, ttl_ms, -1 if cap is None else cap, _blob(hashes)]
-        await self._call(self._store(keys=[*self._shared, *self._own(endpoint)], args=args))
+        args: list[bytes | str | int] = [endpoint, ttl_ms, -1 if cap is None else cap, _blob(hashes), _tok(fence)]
+        keys = [*self._shared, *self._own(endpoint), self.lease_keys(endpoint)[0]]
+        _check(await self._call(self._store(keys=keys, args=args)), endpoint, fence)
 
-    async def remove(self, endpoint: EndpointId, hashes: Sequence[BlockHash]) -> None:
-        """Forget ``hashes`` on ``endpoint``. One script call."""
+    async def remove(self, endpoint: EndpointId, hashes: Sequence[BlockHash], *, fence: int | None = None) -> None:
+        """Forget ``hashes`` on ``endpoint``. One script call. ``fence`` as in ``store``."""
         if hashes:
-            keys = [*self._shared[:3], *self._own(endpoint)]
-            await self._call(self._remove(keys=keys, args=[endpoint, _blob(hashes)]))
+            keys = [*self._shared[:3], *self._own(endpoint), self.lease_keys(endpoint)[0]]
+            args: list[bytes | str] = [endpoint, _blob(hashes), _tok(fence)]
+            _check(await self._call(self._remove(keys=keys, args=args)), endpoint, fence)
 
-    async def clear(self, endpoint: EndpointId) -> None:
-        """Forget everything on ``endpoint``: O(its entries), ``_CLEAR_SLICE`` per script call."""
-        keys = [*self._shared[:3], *self._own(endpoint)]
-        args: list[bytes | str | int] = [endpoint, _CLEAR_SLICE, b""]
+    async def clear(self, endpoint: EndpointId, *, fence: int | None = None) -> None:
+        """Forget everything on ``endpoint``: O(its entries), ``_CLEAR_SLICE`` per script call. ``fence`` as in
+        ``store`` (checked by every slice)."""
+        keys = [*self._shared[:3], *self._own(endpoint), self.lease_keys(endpoint)[0]]
+        args: list[bytes | str | int] = [endpoint, _CLEAR_SLICE, b"", _tok(fence)]
         for _ in range(_CLEAR_MAX_CALLS):
-            if int(await self._call(self._clear(keys=keys, args=args))) == 0:
+            if _check(await self._call(self._clear(keys=keys, args=args)), endpoint, fence) == 0:
                 return
 
     async def close(self) -> None:
@@ -180,6 +203,21 @@ class RedisPrefixIndex:
     async def entries(self, endpoint: EndpointId) -> int:
         """How many blocks ``endpoint`` has in the index (expired but unreclaimed ones included)."""
         return int(await self._call(self._r.hlen(self._own(endpoint)[0])))
+
+    # -- leases (lease.py) -----------------------------------------------------------------------------------
+
+    def lease_keys(self, endpoint: EndpointId) -> tuple[bytes, bytes]:
+        """The endpoint's lease HASH and stream HASH (key schema above)."""
+        e = endpoint.encode()
+        return self._prefix + b"lease:" + e, self._prefix + b"stream:" + e
+
+    def script(self, body: str) -> Any:
+        """Register a Lua script on this index's client (an ``AsyncScript``; run it with ``run``)."""
+        return self._r.register_script(body)
+
+    async def run(self, script: Any, keys: Sequence[bytes], args: Sequence[bytes | str | int]) -> Any:
+        """Run ``script`` under this index's deadline. Raises IndexUnavailable."""
+        return await self._call(script(keys=list(keys), args=list(args)))
 
     # -- internals -------------------------------------------------------------------------------------------
 
@@ -208,6 +246,18 @@ class RedisPrefixIndex:
             raise IndexUnavailable(f"redis: no answer within {self._timeout_s}s") from None
         except (RedisError, OSError) as exc:
             raise IndexUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
+
+
+def _tok(fence: int | None) -> str:
+    return "" if fence is None else str(fence)
+
+
+def _check(result: Any, endpoint: EndpointId, fence: int | None) -> int:
+    """A write script's result, or FencedOut when it refused the token."""
+    n = int(result)
+    if n == _FENCED:
+        raise FencedOut(f"{endpoint}: fencing token {fence} is not the lease's")
+    return n
 
 
 def _blob(hashes: Sequence[BlockHash]) -> bytes:

@@ -7,6 +7,9 @@ Conventions shared by every script:
 * Hashes never become Lua numbers (doubles lose bits above 2**53): they stay 8-byte strings.
 * Expiry uses the server's clock (``TIME``); ``live(v)`` says whether a field value (expires-at ms, "0" =
   never) is unexpired.
+* Fencing (``lease.py``): STORE, REMOVE and CLEAR take the endpoint's lease HASH as their **last key** and a
+  fencing token as their **last argument** (``''`` = unfenced). A fenced write whose token is not the lease's
+  current one (a deposed owner's, or one whose lease expired) changes nothing and returns -1.
 * A holder bitmap is a string, bit ``slot % 8`` of byte ``slot // 8 + 1`` for the endpoint in ``slot``, with
   trailing zero bytes stripped, so equal holder sets are equal (interned, pointer-compared) Lua strings.
 """
@@ -28,6 +31,11 @@ local F, split = {}, 0
 local function upto(j)
   for i = split + 1, j do F[i] = string.sub(blob, i * 8 - 7, i * 8) end
   if j > split then split = j end
+end
+
+local function fenced()
+  local tok = ARGV[#ARGV]
+  return tok ~= '' and redis.call('HGET', KEYS[#KEYS], 'token') ~= tok
 end
 
 local function hasbit(s, slot)
@@ -164,10 +172,11 @@ end
 return depth
 """
 
-# KEYS: M, SLOTS, FREE, NEXT, H, Z, X. ARGV: endpoint, ttl_ms (0 = none), capacity (-1 = none), blob.
+# KEYS: M, SLOTS, FREE, NEXT, H, Z, X, LEASE. ARGV: endpoint, ttl_ms (0 = none), capacity (-1 = none), blob, token.
 STORE = """
 local M, SLOTS, FREE, NEXT, H, Z, X = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local ep, ttl, cap = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+if fenced() then return -1 end
 local slot = redis.call('HGET', SLOTS, ep)
 if not slot then
   local free = redis.call('ZPOPMIN', FREE)
@@ -218,10 +227,11 @@ release(SLOTS, FREE, H, Z, X, ep, slot)
 return n
 """
 
-# KEYS: M, SLOTS, FREE, H, Z, X. ARGV: endpoint, blob.
+# KEYS: M, SLOTS, FREE, H, Z, X, LEASE. ARGV: endpoint, blob, token.
 REMOVE = """
 local M, SLOTS, FREE, H, Z, X = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local ep = ARGV[1]
+if fenced() then return -1 end
 local slot = redis.call('HGET', SLOTS, ep)
 if not slot then return 0 end
 slot = tonumber(slot)
@@ -237,10 +247,11 @@ release(SLOTS, FREE, H, Z, X, ep, slot)
 return #gone
 """
 
-# KEYS: M, SLOTS, FREE, H, Z, X. ARGV: endpoint, the slice size, and an empty blob. Returns entries left.
+# KEYS: M, SLOTS, FREE, H, Z, X, LEASE. ARGV: endpoint, the slice size, an empty blob, token. Returns entries left.
 CLEAR = """
 local M, SLOTS, FREE, H, Z, X = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local ep, slice = ARGV[1], tonumber(ARGV[2])
+if fenced() then return -1 end
 local slot = redis.call('HGET', SLOTS, ep)
 if not slot then redis.call('DEL', H, Z, X); return 0 end
 slot = tonumber(slot)

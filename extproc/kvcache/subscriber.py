@@ -16,6 +16,12 @@ Per endpoint (one task, so its batches are applied strictly in order)::
                                 holds the start) -> purge, apply the replayed tail, apply
     bad frames / payload     -> counted, logged (rate-limited), skipped; the stream carries on
 
+With a ``WriteGate`` (``lease.py``: replicas sharing a Redis index), only the endpoint's writer writes; the
+others run the same loop with their index writes skipped. On becoming the writer (and on reconnecting as it)
+the stream resumes instead (``_resume``): replay from the stored last applied batch, apply what follows it;
+if that batch is gone or differs (engine restarted), purge and bootstrap as above. After each applied batch
+(or replayed run) the writer stores its seq as the position.
+
 "Purge" = clear the endpoint's index entries and mark it cold until events refill it (``Ingest.purge``).
 Applying only a *tail* of an engine's history never invents blocks (``replay.contiguous_tail``), so partial
 replays are applied rather than thrown away.
@@ -44,6 +50,7 @@ from zmq.utils.monitor import parse_monitor_message
 from extproc.kvcache import replay
 from extproc.kvcache.events import EventDecodeError, ReplayItem, decode_batch, parse_frames
 from extproc.kvcache.ingest import Ingest
+from extproc.kvcache.lease import WriteGate
 from extproc.types import EndpointId
 
 log = logging.getLogger(__name__)
@@ -86,6 +93,7 @@ class StreamStatus:
     cold: bool  # purged or cleared and not refilled yet: "no prefix" is not a fact
     last_seq: int | None
     last_event_s: float | None  # monotonic time of the last applied batch; None = never
+    writer: bool = True  # this replica writes its events to the index (False: another replica's lease)
 
 
 @dataclass
@@ -105,6 +113,8 @@ class StreamCounters:
     restarts: int = 0  # sequence went backwards
     reconnects: int = 0
     loop_errors: int = 0
+    resumes: int = 0  # became the writer and carried on from the stored position
+    resume_failures: int = 0  # ... but no position, engine restarted or history gone: purge + bootstrap
 
 
 @dataclass
@@ -130,8 +140,10 @@ class KvEventSubscriber:
         options: SubscriberOptions | None = None,
         context: zmq.asyncio.Context | None = None,
         clock: Callable[[], float] = time.monotonic,
+        gate: WriteGate | None = None,
     ) -> None:
         self.ingest = ingest
+        self.gate = gate
         self.options = options or SubscriberOptions()
         self.counters = StreamCounters()
         self._own_context = context is None
@@ -144,6 +156,8 @@ class KvEventSubscriber:
         if source.endpoint in self._streams:
             raise ValueError(f"already subscribed to {source.endpoint}")
         stream = _Stream(source)
+        if self.gate is not None:
+            self.gate.follow(source.endpoint)
         stream.task = asyncio.create_task(self._run(stream), name=f"kv-events:{source.endpoint}")
         self._streams[source.endpoint] = stream
 
@@ -156,6 +170,8 @@ class KvEventSubscriber:
         if clear:
             await self.ingest.purge(endpoint, "endpoint removed")
         self.ingest.forget(endpoint)
+        if self.gate is not None:
+            await self.gate.unfollow(endpoint)
 
     def status(self, endpoint: EndpointId) -> StreamStatus | None:
         """The endpoint's stream status, or None if it is not followed."""
@@ -169,6 +185,7 @@ class KvEventSubscriber:
             cold=st.cold,
             last_seq=stream.last_seq if stream.last_seq is not None and stream.last_seq >= 0 else None,
             last_event_s=stream.last_event_s,
+            writer=self.gate is None or self.gate.is_writer(endpoint),
         )
 
     def is_precise(self, endpoint: EndpointId) -> bool:
@@ -231,6 +248,8 @@ class KvEventSubscriber:
             poller.register(monitor, zmq.POLLIN)
             while True:
                 ready = dict(await poller.poll(timeout=opt.poll_interval_s * 1000))
+                if self.gate is not None and self.gate.take(src.endpoint):
+                    await self._resume(stream)
                 if monitor in ready:  # connection changes first: a reconnect purges before new data
                     await self._on_monitor(stream, await monitor.recv_multipart())
                 elif sub in ready:
@@ -251,6 +270,9 @@ class KvEventSubscriber:
             reason = "reconnected" if stream.ever_connected else "stream started"
             stream.ever_connected = True
             stream.last_seq, stream.skip_through = None, None  # whatever comes next is a new baseline
+            if self.gate is not None and self.gate.is_writer(endpoint):
+                await self._resume(stream)
+                return
             await self.ingest.purge(endpoint, reason)
             await self._bootstrap(stream)
         elif event == zmq.EVENT_DISCONNECTED:
@@ -284,6 +306,8 @@ class KvEventSubscriber:
             await self._recover(stream, last + 1, seq)
         stream.last_seq = seq
         await self._apply(stream, payload)
+        if self.gate is not None:
+            await self.gate.applied(endpoint, seq, payload)
 
     async def _apply(self, stream: _Stream, payload: bytes) -> None:
         try:
@@ -338,6 +362,34 @@ class KvEventSubscriber:
         self.counters.replayed_batches += len(items)
         for item in items:
             await self._apply(stream, item.payload)
+        if self.gate is not None and items:
+            await self.gate.applied(stream.source.endpoint, items[-1].seq, items[-1].payload)
+
+    async def _resume(self, stream: _Stream) -> None:
+        """As the new writer: replay from the stored position's batch (checked by its digest) and apply the
+        batches after it; without a matching one, purge and bootstrap as on connect."""
+        assert self.gate is not None
+        endpoint, address, opt = stream.source.endpoint, stream.source.replay_address, self.options
+        pos = await self.gate.position(endpoint)
+        items = None
+        if pos is not None and address is not None:
+            items = await replay.fetch(
+                self._ctx, address, pos.seq, until=None, timeout_s=opt.replay_timeout_s,
+                max_batches=opt.replay_max_batches,
+            )  # fmt: skip
+        tail = [] if items is None else replay.contiguous_tail(items)
+        if pos is not None and tail and pos.matches(tail[0].seq, tail[0].payload):
+            self.counters.resumes += 1
+            await self._apply_replayed(stream, tail[1:])
+            stream.last_seq = stream.skip_through = tail[-1].seq
+            log.info("kv events: %s: writer from seq %d, replayed %d batches", endpoint, pos.seq, len(tail) - 1)
+            return
+        if pos is not None:
+            self.counters.resume_failures += 1
+        stream.last_seq, stream.skip_through = None, None
+        why = "no stored position" if pos is None else f"seq {pos.seq} not replayable from this engine"
+        await self.ingest.purge(endpoint, f"new writer, {why}")
+        await self._bootstrap(stream)
 
     def _warn(self, stream: _Stream, msg: str, *args: object) -> None:
         now = self._clock()

@@ -1,0 +1,382 @@
+"""Leases with fencing: each endpoint's KV-event stream is applied to the shared index by one replica at a time.
+
+Every replica follows every endpoint's stream (so it knows each endpoint's status and can take over at once),
+but only the endpoint's **writer**, the replica holding its lease, writes to the shared index; the others'
+writes are skipped (their own approximate index still follows purges). Keys (``lease:<e>``, ``stream:<e>``)
+are in ``redis_index.py``'s key schema; the scripts are here::
+
+    ACQUIRE  nobody holds lease:<e>  -> token = HINCRBY stream:<e> fence 1; HSET lease:<e> owner token; PEXPIRE ttl
+             we hold it already      -> our token again, PEXPIRE ttl (we had lost track of it)
+    RENEW    lease token == ours     -> PEXPIRE ttl                       (every ttl/3)
+    RELEASE  lease token == ours     -> DEL lease:<e>                     (unfollow, shutdown: instant failover)
+    COMMIT   lease token == ours     -> HSET stream:<e> seq digest        (after each applied batch or replay)
+
+**Fencing.** Every index write made for the stream (store/remove/clear from ingest, purges included) carries
+the writer's token; the write script itself compares it with ``lease:<e>``'s (``redis_lua`` ``fenced``), so a
+deposed owner (paused past its ttl, partitioned) changes nothing: ``FencedOut``, counted, and it stops writing.
+
+**Timings** (``ttl_s`` = 2): the holder renews every ttl/3; others try to acquire every ``ttl/10`` (the tick).
+A dead holder's lease expires within ttl of its last renewal; another replica takes it at its next tick and
+its stream task adopts it at its next poll (``SubscriberOptions.poll_interval_s``, 0.5 s) or message: about
+2.0-2.7 s worst case, plus the replay. A clean shutdown releases, so failover then takes a tick.
+A holder counts itself the writer only until *the time it sent its last successful renewal* + ttl, before the
+server's expiry; the fencing check covers whatever slips between the two.
+
+**Takeover** (the subscriber's ``_resume``): the new writer reads ``stream:<e>``'s position (seq, digest) and
+replays from *seq* itself through the engine's ROUTER: a first item with that seq and digest proves the same
+engine process (a restarted engine counts from 0 again), and the items after it are applied; anything else (no
+position, a restarted engine, a rolled-over buffer, no replay) purges and bootstraps as on connect.
+
+**No double-apply**: a new writer never applies a batch at or below the stored seq. The commit follows the
+batch's writes (one more round trip); a writer dying between the two makes its successor apply that batch
+again, which leaves the same index: store/remove/clear re-applied in order set each block as the last event
+touching it does. A writer that stopped writing for any reason (lost, expired, fenced out) goes through a
+resume again before it next writes, so batches it skipped meanwhile are replayed, not lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from extproc.kvcache.index import IndexUnavailable, PrefixIndex
+from extproc.kvcache.redis_index import FencedOut, RedisPrefixIndex
+from extproc.types import BlockHash, EndpointId
+
+log = logging.getLogger(__name__)
+
+# KEYS: lease, stream. ARGV: owner, ttl_ms. Returns the token now held by ``owner``, or 0 (someone else's).
+_ACQUIRE = """
+local held = redis.call('HMGET', KEYS[1], 'owner', 'token')
+if held[1] then
+  if held[1] ~= ARGV[1] then return 0 end
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return tonumber(held[2])
+end
+local token = redis.call('HINCRBY', KEYS[2], 'fence', 1)
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'token', token)
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return token
+"""
+_GUARD = "if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end\n"
+_RENEW = _GUARD + "redis.call('PEXPIRE', KEYS[1], ARGV[2])\nreturn 1\n"  # KEYS: lease. ARGV: token, ttl_ms
+_RELEASE = _GUARD + "redis.call('DEL', KEYS[1])\nreturn 1\n"  # KEYS: lease. ARGV: token
+# KEYS: lease, stream. ARGV: token, seq, digest.
+_COMMIT = _GUARD + "redis.call('HSET', KEYS[2], 'seq', ARGV[2], 'digest', ARGV[3])\nreturn 1\n"
+_POSITION = "return redis.call('HMGET', KEYS[2], 'seq', 'digest')\n"  # KEYS: lease, stream
+
+
+def digest(payload: bytes) -> bytes:
+    """What identifies a batch beyond its seq (its payload carries the engine's timestamp)."""
+    return hashlib.blake2b(payload, digest_size=8).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """The last batch applied to the shared index for one endpoint."""
+
+    seq: int
+    digest: bytes
+
+    def matches(self, seq: int, payload: bytes) -> bool:
+        """Whether (``seq``, ``payload``) is that batch, from the same engine process."""
+        return seq == self.seq and digest(payload) == self.digest
+
+
+class WriteGate(Protocol):
+    """Who applies an endpoint's stream to a shared index; the subscriber calls it from each stream's task."""
+
+    def follow(self, endpoint: EndpointId) -> None:
+        """Start competing for ``endpoint``'s lease (when the subscriber starts following it)."""
+        ...
+
+    async def unfollow(self, endpoint: EndpointId) -> None:
+        """Stop competing; release the lease if held (after the stream's task is stopped)."""
+        ...
+
+    def take(self, endpoint: EndpointId) -> bool:
+        """Called between batches: adopt the lease's current state. True if this replica has just become the
+        writer: the caller must resume from ``position`` before applying anything else."""
+        ...
+
+    def is_writer(self, endpoint: EndpointId) -> bool:
+        """Whether this replica's writes for ``endpoint`` go to the shared index now."""
+        ...
+
+    async def position(self, endpoint: EndpointId) -> Position | None:
+        """The stored last applied batch (None: none stored, or Redis did not answer)."""
+        ...
+
+    async def applied(self, endpoint: EndpointId, seq: int, payload: bytes) -> None:
+        """Batch ``seq`` is applied (or deliberately skipped): store it as the position, if the writer."""
+        ...
+
+
+@dataclass
+class LeaseCounters:
+    """Totals over every endpoint since start (exported as ``router_kv_lease_*``)."""
+
+    acquired: int = 0
+    lost: int = 0  # renewal refused, local expiry, or a fenced-out write
+    released: int = 0
+    renewals: int = 0
+    renew_failures: int = 0  # Redis errors while renewing (retried each tick until the lease runs out)
+    acquire_failures: int = 0  # Redis errors while trying to acquire
+    fenced_writes: int = 0  # index writes or commits the server refused: we had been deposed
+    skipped_writes: int = 0  # index writes not made because this replica is not the writer
+    commits: int = 0
+    commit_failures: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseStatus:
+    writer: bool  # adopted by the stream task: its writes go to the shared index
+    token: int | None  # the token held (maybe not adopted yet)
+    valid_for_s: float  # how long the lease is still ours by the local clock (0 when not held)
+
+
+@dataclass
+class _Lease:
+    token: int | None = None  # held, as of the last acquire/renew
+    valid_until: float = 0.0  # local monotonic time: (sent of the last successful acquire/renew) + ttl
+    renew_at: float = 0.0
+    adopted: int | None = None  # the token the stream's task writes with (changed only between batches)
+
+
+class StreamLeases:
+    """The leases of the endpoints this replica follows, kept by one background task (``start``/``close``)."""
+
+    def __init__(
+        self,
+        index: RedisPrefixIndex,
+        owner: str,
+        *,
+        ttl_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.counters = LeaseCounters()
+        self.owner = owner
+        self.ttl_s = ttl_s
+        self._index = index
+        self._clock = clock
+        self._leases: dict[EndpointId, _Lease] = {}
+        self._scripts = {name: index.script(body) for name, body in (
+            ("acquire", _ACQUIRE), ("renew", _RENEW), ("release", _RELEASE), ("commit", _COMMIT),
+            ("position", _POSITION))}  # fmt: skip
+        self._task: asyncio.Task[None] | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the keeper task (acquires and renews every followed endpoint's lease)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="kv-event-leases")
+
+    async def close(self, *, release: bool = True) -> None:
+        """Stop the keeper and release every lease held (call after the stream tasks are stopped). Without
+        ``release`` the leases are left to expire, as after a crash (tests)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for endpoint in list(self._leases):
+            if release:
+                await self.unfollow(endpoint)
+            else:
+                self._leases.pop(endpoint)
+
+    def writes(self) -> PrefixIndex:
+        """The shared index as this replica's ingest must write it: fenced by the adopted token, skipped when
+        not the writer. Reads go straight through."""
+        return _FencedWrites(self._index, self)
+
+    # -- WriteGate --------------------------------------------------------------------------------------------
+
+    def follow(self, endpoint: EndpointId) -> None:
+        self._leases.setdefault(endpoint, _Lease())
+
+    async def unfollow(self, endpoint: EndpointId) -> None:
+        lease = self._leases.pop(endpoint, None)
+        if lease is None or lease.token is None:
+            return
+        try:
+            if await self._run_script("release", endpoint, [lease.token]):
+                self.counters.released += 1
+        except IndexUnavailable as exc:
+            log.warning("kv leases: releasing %s failed (it expires in %.1fs): %s", endpoint, self.ttl_s, exc)
+
+    def take(self, endpoint: EndpointId) -> bool:
+        lease = self._leases.get(endpoint)
+        if lease is None:
+            return False
+        held = lease.token if self._clock() < lease.valid_until else None
+        if held == lease.adopted:
+            return False
+        lease.adopted = held
+        if held is None:
+            log.warning("kv leases: %s: no longer its writer", endpoint)
+        return held is not None
+
+    def is_writer(self, endpoint: EndpointId) -> bool:
+        lease = self._leases.get(endpoint)
+        return lease is not None and lease.adopted is not None and self._valid(lease, lease.adopted)
+
+    async def position(self, endpoint: EndpointId) -> Position | None:
+        try:
+            seq, dig = await self._run_script("position", endpoint, [])
+        except IndexUnavailable as exc:
+            log.warning("kv leases: reading %s's position failed: %s", endpoint, exc)
+            return None
+        return None if seq is None or dig is None else Position(int(seq), bytes(dig))
+
+    async def applied(self, endpoint: EndpointId, seq: int, payload: bytes) -> None:
+        token = self.write_token(endpoint)
+        if token is None:
+            return
+        try:
+            ok = await self._run_script("commit", endpoint, [token, seq, digest(payload)])
+        except IndexUnavailable as exc:  # the position lags: a successor replays more (idempotent)
+            self.counters.commit_failures += 1
+            log.debug("kv leases: committing %s seq %d failed: %s", endpoint, seq, exc)
+            return
+        if ok:
+            self.counters.commits += 1
+        else:
+            self.fenced_out(endpoint)
+
+    # -- used by the fenced view ------------------------------------------------------------------------------
+
+    def write_token(self, endpoint: EndpointId) -> int | None:
+        """The token to write with, or None (not the writer). A writer whose lease ran out (or was lost) stops
+        here: it must resume again (``take``) before it writes, so what it skips meanwhile is replayed."""
+        lease = self._leases.get(endpoint)
+        if lease is None or lease.adopted is None:
+            return None
+        if self._valid(lease, lease.adopted):
+            return lease.adopted
+        lease.adopted = None
+        return None
+
+    def fenced_out(self, endpoint: EndpointId) -> None:
+        """The server refused our token: someone else holds the lease (or nobody). Stop writing."""
+        self.counters.fenced_writes += 1
+        lease = self._leases.get(endpoint)
+        if lease is not None and lease.token is not None:
+            self._lose(endpoint, lease, "a write was fenced out")
+        if lease is not None:
+            lease.adopted = None
+
+    def status(self, endpoint: EndpointId) -> LeaseStatus | None:
+        lease = self._leases.get(endpoint)
+        if lease is None:
+            return None
+        left = max(0.0, lease.valid_until - self._clock()) if lease.token is not None else 0.0
+        return LeaseStatus(writer=self.is_writer(endpoint), token=lease.token, valid_for_s=left)
+
+    # -- the keeper -------------------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        tick = self.ttl_s / 10
+        while True:
+            for endpoint in list(self._leases):
+                lease = self._leases.get(endpoint)
+                if lease is not None:
+                    await self._tend(endpoint, lease)
+            await asyncio.sleep(tick)
+
+    async def _tend(self, endpoint: EndpointId, lease: _Lease) -> None:
+        now = self._clock()
+        if lease.token is not None and now >= lease.valid_until:
+            self._lose(endpoint, lease, "not renewed in time")
+        if lease.token is None:
+            await self._acquire(endpoint, lease, now)
+        elif now >= lease.renew_at:
+            await self._renew(endpoint, lease, now)
+
+    async def _acquire(self, endpoint: EndpointId, lease: _Lease, now: float) -> None:
+        try:
+            token = int(await self._run_script("acquire", endpoint, [self.owner, self._ttl_ms()]))
+        except IndexUnavailable:
+            self.counters.acquire_failures += 1
+            return
+        if token and self._leases.get(endpoint) is lease:
+            lease.token = token
+            self._extend(lease, now)
+            self.counters.acquired += 1
+            log.info("kv leases: %s: acquired (token %d) by %s", endpoint, token, self.owner)
+
+    async def _renew(self, endpoint: EndpointId, lease: _Lease, now: float) -> None:
+        token = lease.token
+        try:
+            ok = await self._run_script("renew", endpoint, [token or 0, self._ttl_ms()])
+        except IndexUnavailable as exc:
+            self.counters.renew_failures += 1
+            log.debug("kv leases: renewing %s failed: %s", endpoint, exc)
+            return
+        if lease.token != token:
+            return  # lost meanwhile (a fenced-out write)
+        if ok:
+            self._extend(lease, now)
+            self.counters.renewals += 1
+        else:
+            self._lose(endpoint, lease, "renewal refused: taken over")
+
+    def _extend(self, lease: _Lease, sent: float) -> None:
+        lease.valid_until = sent + self.ttl_s
+        lease.renew_at = sent + self.ttl_s / 3
+
+    def _lose(self, endpoint: EndpointId, lease: _Lease, why: str) -> None:
+        lease.token = None
+        self.counters.lost += 1
+        log.warning("kv leases: %s: lease lost (%s)", endpoint, why)
+
+    def _valid(self, lease: _Lease, token: int) -> bool:
+        return lease.token == token and self._clock() < lease.valid_until
+
+    def _ttl_ms(self) -> int:
+        return max(1, round(self.ttl_s * 1000))
+
+    async def _run_script(self, name: str, endpoint: EndpointId, args: Sequence[bytes | str | int]) -> Any:
+        lease_key, stream_key = self._index.lease_keys(endpoint)
+        keys = [lease_key] if name in ("renew", "release") else [lease_key, stream_key]
+        return await self._index.run(self._scripts[name], keys, args)
+
+
+class _FencedWrites:
+    """A ``PrefixIndex`` over the shared index for ingest: writes carry the writer's token (or are skipped)."""
+
+    def __init__(self, index: RedisPrefixIndex, leases: StreamLeases) -> None:
+        self._index = index
+        self._leases = leases
+
+    async def match(self, hashes: Sequence[BlockHash], endpoints: Collection[EndpointId]) -> Mapping[EndpointId, int]:
+        return await self._index.match(hashes, endpoints)
+
+    async def store(self, endpoint: EndpointId, hashes: Sequence[BlockHash], *, ttl_s: float | None = None) -> None:
+        await self._write(endpoint, lambda t: self._index.store(endpoint, hashes, ttl_s=ttl_s, fence=t))
+
+    async def remove(self, endpoint: EndpointId, hashes: Sequence[BlockHash]) -> None:
+        await self._write(endpoint, lambda t: self._index.remove(endpoint, hashes, fence=t))
+
+    async def clear(self, endpoint: EndpointId) -> None:
+        await self._write(endpoint, lambda t: self._index.clear(endpoint, fence=t))
+
+    async def close(self) -> None:  # the owner of the index closes it
+        return None
+
+    async def _write(self, endpoint: EndpointId, op: Callable[[int], Awaitable[None]]) -> None:
+        token = self._leases.write_token(endpoint)
+        if token is None:
+            self._leases.counters.skipped_writes += 1
+            return
+        try:
+            await op(token)
+        except FencedOut:
+            self._leases.fenced_out(endpoint)

@@ -1,0 +1,190 @@
+"""Event-stream leases against a real valkey-server: acquire, renew, expire, take over, fencing, the position."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from extproc.kvcache.lease import Position, StreamLeases, digest
+from extproc.kvcache.redis_index import FencedOut, RedisPrefixIndex
+from extproc.types import BlockHash, EndpointId
+
+E = EndpointId("10.0.0.7:8000")
+H = [BlockHash(i * 7919 + 1) for i in range(8)]
+TTL = 0.6  # short real ttl (ticks every 60 ms); long enough for a busy machine's round trips
+
+Make = Callable[..., Awaitable[tuple[RedisPrefixIndex, StreamLeases]]]
+
+
+async def until(cond: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> float:
+    """Wait (bounded) for ``cond``; returns the seconds it took."""
+    start = time.monotonic()
+    while not cond():
+        if time.monotonic() - start > timeout_s:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+    return time.monotonic() - start
+
+
+def token(leases: StreamLeases, endpoint: EndpointId = E) -> int | None:
+    status = leases.status(endpoint)
+    return None if status is None else status.token
+
+
+class FrozenClock:
+    """A replica whose clock stands still: it never renews and never sees its lease run out (a paused process)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+async def make(valkey_url: str) -> AsyncIterator[Make]:
+    namespace = f"lease-{uuid.uuid4().hex[:8]}"
+    made: list[tuple[RedisPrefixIndex, StreamLeases]] = []
+
+    async def make_one(
+        owner: str, *, ttl_s: float = TTL, clock: Callable[[], float] = time.monotonic, start: bool = True
+    ) -> tuple[RedisPrefixIndex, StreamLeases]:
+        index = await RedisPrefixIndex.connect(valkey_url, namespace=namespace, timeout_s=1.0)
+        leases = StreamLeases(index, owner, ttl_s=ttl_s, clock=clock)
+        leases.follow(E)
+        if start:
+            leases.start()
+        made.append((index, leases))
+        return index, leases
+
+    yield make_one
+    for index, leases in made:
+        await leases.close()
+        await index.close()
+
+
+async def test_one_holder_renews_while_the_other_waits(make: Make) -> None:
+    _, a = await make("a")
+    await until(lambda: token(a) is not None, what="a acquires")
+    _, b = await make("b")
+    first = token(a)
+    await asyncio.sleep(3 * TTL)
+    assert token(a) == first and token(b) is None
+    assert a.counters.renewals >= 3 and a.counters.lost == 0
+    assert b.counters.acquired == 0
+
+
+async def test_a_crashed_holder_expires_and_is_taken_over_with_the_next_token(make: Make) -> None:
+    _, a = await make("a")
+    await until(lambda: token(a) is not None, what="a acquires")
+    _, b = await make("b")
+    first = token(a)
+    await a.close(release=False)  # crashed: the lease is left to expire
+    took = await until(lambda: token(b) is not None, what="b takes over")
+    assert took < TTL + 0.5
+    assert token(b) == (first or 0) + 1  # fencing tokens only grow
+
+
+async def test_a_released_lease_is_taken_within_a_tick(make: Make) -> None:
+    _, a = await make("a")
+    await until(lambda: token(a) is not None, what="a acquires")
+    _, b = await make("b")
+    await a.close()
+    assert a.counters.released == 1
+    took = await until(lambda: token(b) is not None, what="b takes over")
+    assert took < TTL / 2
+
+
+async def test_a_deposed_owner_cannot_write(make: Make) -> None:
+    index_a, a = await make("a", clock=FrozenClock())  # acquires once, then never renews: expires on the server
+    await until(lambda: token(a) is not None, what="a acquires")
+    assert a.take(E) and a.is_writer(E)
+    writes_a = a.writes()
+    await writes_a.store(E, H[:2])
+    index_b, b = await make("b")
+    await until(lambda: token(b) is not None, what="b takes over")
+    assert a.is_writer(E)  # a still believes it holds the lease: only the server's check stops it
+    stale = token(a)
+    with pytest.raises(FencedOut):
+        await index_a.store(E, H[2:4], fence=stale)
+    with pytest.raises(FencedOut):
+        await index_a.remove(E, H[:1], fence=stale)
+    with pytest.raises(FencedOut):
+        await index_a.clear(E, fence=stale)
+    await writes_a.store(E, H[2:6])  # through ingest's view: refused, counted, and a stops writing
+    assert a.counters.fenced_writes == 1 and a.counters.lost == 1 and not a.is_writer(E)
+    await writes_a.remove(E, H[:1])
+    assert a.counters.skipped_writes == 1 and a.counters.fenced_writes == 1  # no more round trips
+    assert await index_b.match(H, [E]) == {E: 2}
+    await index_b.store(E, H[2:3])  # unfenced writes (one replica, approximate entries) skip the check
+    assert await index_b.match(H, [E]) == {E: 3}
+
+
+async def test_a_non_holder_skips_its_writes(make: Make) -> None:
+    index, a = await make("a")
+    await until(lambda: token(a) is not None, what="a acquires")
+    _, b = await make("b")
+    assert not b.take(E) and not b.is_writer(E)
+    await b.writes().store(E, H)
+    await b.writes().clear(E)
+    assert b.counters.skipped_writes == 2
+    assert await index.match(H, [E]) == {}
+
+
+async def test_the_position_survives_an_owner_change_and_a_deposed_owner_cannot_move_it(make: Make) -> None:
+    _, a = await make("a", clock=FrozenClock())
+    await until(lambda: token(a) is not None, what="a acquires")
+    assert await a.position(E) is None
+    await a.applied(E, 7, b"batch 7")
+    assert a.counters.commits == 0  # not adopted yet: the stream task has not taken over
+    assert a.take(E)
+    await a.applied(E, 7, b"batch 7")
+    assert a.counters.commits == 1
+    _, b = await make("b")
+    await until(lambda: token(b) is not None, what="b takes over")
+    pos = await b.position(E)
+    assert pos == Position(7, digest(b"batch 7"))
+    assert pos.matches(7, b"batch 7") and not pos.matches(7, b"batch 7 of a restarted engine")
+    assert b.take(E)
+    await b.applied(E, 8, b"batch 8")
+    await a.applied(E, 9, b"batch 9")  # a, paused past its lease, wakes up
+    assert a.counters.fenced_writes == 1
+    assert await b.position(E) == Position(8, digest(b"batch 8"))
+
+
+async def test_a_writer_whose_lease_ran_out_locally_stops_and_must_resume(make: Make) -> None:
+    clock = FrozenClock()
+    index, a = await make("a", clock=clock)
+    await until(lambda: token(a) is not None, what="a acquires")
+    held = token(a)
+    assert a.take(E)
+    clock.now += TTL  # its renewals stalled (e.g. a slow Redis) until the local view of the lease ran out
+    assert not a.is_writer(E)
+    await a.writes().store(E, H)
+    assert a.counters.skipped_writes == 1 and await index.match(H, [E]) == {}
+    # The keeper notices, acquires again (the server still has it: the same token) and the stream task must
+    # resume before writing, so that what it skipped is replayed.
+    await until(lambda: a.counters.lost == 1 and token(a) == held, what="reacquired")
+    assert a.take(E) and a.is_writer(E)
+
+
+async def test_many_endpoints_three_replicas_one_holder_each(make: Make) -> None:
+    endpoints = [EndpointId(f"10.0.1.{i}:8000") for i in range(20)]
+    replicas = []
+    for owner in ("a", "b", "c"):
+        _, leases = await make(owner, start=False)
+        for e in endpoints:
+            leases.follow(e)
+        replicas.append(leases)
+    for leases in replicas:
+        leases.start()
+    await until(lambda: all(any(token(r, e) for r in replicas) for e in endpoints), what="every endpoint held")
+    await asyncio.sleep(2 * TTL)
+    for e in endpoints:
+        assert sum(1 for r in replicas if token(r, e) is not None) == 1, e
+    assert sum(r.counters.acquired for r in replicas) == len(endpoints) + 1  # + E, followed by every replica
+    assert all(r.counters.lost == 0 for r in replicas)
