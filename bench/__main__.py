@@ -36,7 +36,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="small scale: every workload and policy in < 10 minutes")
     p.add_argument("--workload", default=",".join(DEFAULT_WORKLOADS),
                    help="comma-separated workload names, 'none' for the smoke workload, or trace:PATH")  # fmt: skip
-    p.add_argument("--policies", default="all", help="comma-separated policy names, or 'all'")
+    p.add_argument("--policies", default="auto", help="comma-separated policy names, 'all', or 'auto' (all on "
+                   "tenants; baselines, ours and the peers' cache-aware policies elsewhere)")  # fmt: skip
     p.add_argument("--rates", default=None, help="comma-separated request rates (req/s), overriding the ladders")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="default bench/results/<quick|full>")
@@ -71,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}, trace:PATH", file=sys.stderr)
             return 2
-    policies = list(POLICIES) if args.policies == "all" else [s.strip() for s in args.policies.split(",")]
+    every = args.policies in ("all", "auto")
+    policies = list(POLICIES) if every else [s.strip() for s in args.policies.split(",")]
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         print(f"unknown policies {unknown}; known: {', '.join(POLICIES)}", file=sys.stderr)
@@ -84,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         opts = RunOptions(
             workloads=workloads, policies=policies, quick=args.quick, seed=args.seed, out=out,
             workdir=args.workdir or Path(tmp), concurrency=args.concurrency, request_timeout_s=timeout,
-            rates=[float(r) for r in args.rates.split(",")] if args.rates else None,
+            rates=[float(r) for r in args.rates.split(",")] if args.rates else None, auto=args.policies == "auto",
             command="python -m bench " + shlex.join(argv if argv is not None else sys.argv[1:]),
         )  # fmt: skip
         run(opts)

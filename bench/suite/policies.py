@@ -57,5 +57,9 @@ POLICIES: dict[str, Policy] = {
 }  # fmt: skip
 
 OURS = tuple(n for n, p in POLICIES.items() if p.ours)
+CONTENDERS = ("round_robin", "least_request", "load", "approximate", "precise", "precise_x2", "sglang_cache_aware",
+              "vllm_cache_aware", "vllm_kv_aware")  # fmt: skip
+"""``--policies auto``: every policy on ``tenants`` (the headline); on the other workloads the baselines, ours and
+each peer's cache-aware policies (the peers' round_robin / power_of_two / consistent_hash only there)."""
 PEERS = tuple(n for n, p in POLICIES.items() if p.peer)
 BASELINES = ("round_robin", "least_request")

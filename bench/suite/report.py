@@ -237,12 +237,13 @@ def plot(doc: dict[str, Any], out: Path) -> list[str]:
             cells = entry.get("cells") or []
             if not cells:
                 continue
+            color = plt.get_cmap("tab20")(list(POLICIES).index(policy) % 20)
             style = "-" if POLICIES[policy].ours else ("--" if POLICIES[policy].peer else ":")
             marker = "o" if policy in OURS else ("s" if POLICIES[policy].peer else "^")
             rates = [c["offered_rate_rps"] for c in cells]
             for ax, key in zip(axes, ("ttft_p90_s", "output_tok_s", "cached_token_share"), strict=True):
                 ys = [c[key] if c[key] is not None else float("nan") for c in cells]
-                ax.plot(rates, ys, style, marker=marker, label=policy, linewidth=1.4, markersize=4)
+                ax.plot(rates, ys, style, marker=marker, label=policy, linewidth=1.4, markersize=4, color=color)
         axes[0].set_yscale("log")
         axes[0].set_title("TTFT p90 (s, log)")
         axes[1].set_title("output tokens/s")

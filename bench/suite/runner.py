@@ -26,7 +26,7 @@ from bench.procs import ProcessStartError
 from bench.suite import measure
 from bench.suite.client import replay
 from bench.suite.fleet import Backends, Router, RouterUnavailable, start_router
-from bench.suite.policies import POLICIES
+from bench.suite.policies import CONTENDERS, POLICIES
 from bench.suite.workloads import Workload
 
 SATURATED_SUCCESS = 0.5
@@ -44,6 +44,7 @@ class RunOptions:
     concurrency: int = 512
     request_timeout_s: float = 60.0
     command: str = ""
+    auto: bool = False  # --policies auto: CONTENDERS only, except on tenants
     log: Callable[[str], None] = field(default=lambda s: print(s, file=sys.stderr, flush=True))
 
 
@@ -121,6 +122,8 @@ def _run_workload(w: Workload, opts: RunOptions, doc: dict[str, Any]) -> dict[st
     backends = Backends(fleet, workdir).start()
     try:
         for name in opts.policies:
+            if opts.auto and w.name != "tenants" and name not in CONTENDERS:
+                continue
             entry["policies"][name] = _run_policy(w, name, rates, plans, backends, opts, workdir)
             _write(opts.out, doc)
     finally:
@@ -159,6 +162,7 @@ def _cell(router: Router, backends: Backends, plan: Any, rate: float, opts: RunO
     measure.reset_caches(backends.addresses)
     before = measure.requests_done(backends.addresses)
     cpu0, envoy0 = measure.cpu_s(router.router_pids), measure.cpu_s(router.envoy_pids)
+    picker0 = measure.picker_counters(router.metrics_urls)
     span = max(s.start_s for s in plan.sessions)
     timeout = opts.request_timeout_s
     results, _wall = asyncio.run(replay(router.url, plan, concurrency=opts.concurrency, request_timeout_s=timeout,
@@ -166,9 +170,14 @@ def _cell(router: Router, backends: Backends, plan: Any, rate: float, opts: RunO
     measure.wait_idle(backends.addresses, timeout_s=30.0)
     cpu1, envoy1 = measure.cpu_s(router.router_pids), measure.cpu_s(router.envoy_pids)
     after = measure.requests_done(backends.addresses)
+    picker1 = measure.picker_counters(router.metrics_urls)
     per_backend = [a - b for a, b in zip(after, before, strict=True)]
-    return measure.summarize(results, rate=rate, ceiling=plan.ceiling_cached_share(), per_backend=per_backend,
+    cell = measure.summarize(results, rate=rate, ceiling=plan.ceiling_cached_share(), per_backend=per_backend,
                              router_cpu=cpu1 - cpu0, envoy_cpu=envoy1 - envoy0)  # fmt: skip
+    if router.metrics_urls:
+        cell["picker_counters"] = {k: int(v - picker0.get(k, 0.0)) for k, v in picker1.items()
+                                   if v - picker0.get(k, 0.0)}  # fmt: skip
+    return cell
 
 
 def _f(x: float | None) -> str:

@@ -117,7 +117,7 @@ class Workload:
 # -- (1) long documents, several questions each, some with one leading space ----------------------------------
 def _documents(rate: float, step: int, seed: int, quick: bool) -> Plan:
     rng = random.Random(f"documents/{seed}/{step}")
-    n_docs, doc_len, asks = (6, 1536, 4) if quick else (12, 2560, 5)
+    n_docs, doc_len, asks = (4, 1536, 8) if quick else (8, 2560, 16)
     system = _words(rng, 48)
     docs = [_words(rng, doc_len) for _ in range(n_docs)]
     pairs = [(d, q) for d in range(n_docs) for q in range(asks)]
@@ -125,7 +125,7 @@ def _documents(rate: float, step: int, seed: int, quick: bool) -> Plan:
     times = _poisson(rng, rate, len(pairs))
     sessions = []
     for i, ((d, _q), t) in enumerate(zip(pairs, times, strict=True)):
-        space = (SPACE,) if rng.random() < 0.25 else ()  # the same document, one leading space added
+        space = (SPACE,) if rng.random() < 0.15 else ()  # the same document, one leading space added
         ids = system + space + docs[d] + _words(rng, rng.randint(24, 64))
         sessions.append(Session(t, (Call(f"doc-{step}-{i}", ids, 32),)))
     return Plan("documents", tuple(sessions))
@@ -163,7 +163,7 @@ def _tenants_fleet(quick: bool) -> Fleet:
 # -- (3) agent chains: sequential calls on one growing context --------------------------------------------------
 def _agents(rate: float, step: int, seed: int, quick: bool) -> Plan:
     rng = random.Random(f"agents/{seed}/{step}")
-    n_sessions, chain, tools_len, task_len, result_len = (12, 4, 512, 128, 160) if quick else (32, 6, 1024, 256, 200)
+    n_sessions, chain, tools_len, task_len, result_len = (12, 4, 512, 128, 160) if quick else (24, 5, 1024, 256, 200)
     tools = _words(rng, tools_len)  # every agent carries the same tool definitions
     starts = _poisson(rng, rate / chain, n_sessions)  # sessions arrive so that calls come at ~rate
     sessions = []
@@ -257,7 +257,7 @@ def _sample_conversations(rows: list[Row], count: int, rng: random.Random) -> li
     return [rows[i] for i in sorted(chosen)]
 
 
-MOONCAKE = TraceOptions(MOONCAKE_DIR / "conversation_trace.jsonl", token_scale=0.125, count=240,
+MOONCAKE = TraceOptions(MOONCAKE_DIR / "conversation_trace.jsonl", token_scale=0.125, count=160,
                         sample_conversations=True)  # fmt: skip
 
 
@@ -287,18 +287,18 @@ def _smoke(rate: float, step: int, seed: int, quick: bool) -> Plan:
 WORKLOADS: dict[str, Workload] = {
     w.name: w
     for w in (
-        Workload("documents", "long documents (2.5K tokens), 5 questions each, 25% with one leading space added",
-                 Fleet(num_gpu_blocks=1024), (4.0, 8.0), (6.0, 12.0), _documents),
+        Workload("documents", "long documents: 8 x 2.5K tokens, 16 questions each, 15% with one leading space added",
+                 Fleet(num_gpu_blocks=1024), (8.0,), (6.0, 12.0), _documents),
         Workload("tenants", "llm-d precise-prefix shape, scaled: 16 groups x 1.5K-token prefix x 5 users x 3 "
                  "rounds, 192-token questions, 32 output tokens; prefixes 64% of fleet KV",
-                 _tenants_fleet(False), (8.0,), (4.0, 8.0, 12.0, 16.0), _tenants, fleet_quick=_tenants_fleet(True)),
-        Workload("agents", "agent chains: 32 sessions x 6 sequential calls on a growing context (1K shared tools)",
-                 Fleet(num_gpu_blocks=1024), (4.0, 8.0), (6.0, 12.0), _agents),
-        Workload("mooncake", "Mooncake conversation trace: ~240 rows of whole conversations sampled at random, "
+                 _tenants_fleet(False), (10.0,), (8.0, 16.0, 24.0), _tenants, fleet_quick=_tenants_fleet(True)),
+        Workload("agents", "agent chains: 24 sessions x 5 sequential calls on a growing context (1K shared tools)",
+                 Fleet(num_gpu_blocks=1024), (8.0,), (6.0, 12.0), _agents),
+        Workload("mooncake", "Mooncake conversation trace: ~160 rows of whole conversations sampled at random, "
                  "1 hash id = 64 tokens, time-compressed to the rate",
-                 Fleet(num_gpu_blocks=1024), (3.0, 6.0), (5.0, 10.0), _mooncake),
+                 Fleet(num_gpu_blocks=1024), (8.0,), (8.0, 16.0), _mooncake),
         Workload("unique", "no sharing: unique 0.75-1.3K-token prompts", Fleet(num_gpu_blocks=1024),
-                 (6.0,), (10.0,), _unique, prefix_heavy=False),
+                 (8.0,), (8.0, 16.0), _unique, prefix_heavy=False),
         Workload("smoke", "tests only: 8 short requests on one prefix", Fleet(backends=2, num_gpu_blocks=512,
                  time_scale=1.0, max_model_len=4096), (4.0,), (4.0,), _smoke, prefix_heavy=False),
     )
