@@ -313,13 +313,17 @@ def slope_mib_per_min(points: list[tuple[float, float]]) -> float | None:
     return None if var == 0 else 60 * sum((t - mx) * (v - my) for t, v in points) / var
 
 
-def classify(o: Outcome, deaths: list[float]) -> str:
+def classify(o: Outcome, deaths: list[float], picker_down: list[tuple[float, float]]) -> str:
+    """One outcome's class; the expected kinds are named, anything else says UNEXPECTED."""
     near_death = any(0 <= o.started + o.seconds - d <= DEATH_WINDOW_S + 3.0 and o.started - d <= DEATH_WINDOW_S
                      for d in deaths)  # fmt: skip
     if o.status is None:
         return "NO RESPONSE"
     if o.error is not None:
         return "broken stream after backend death" if near_death else "BROKEN STREAM (unexpected)"
+    if o.kind == "bad" and o.status >= 500 and any(a <= o.started <= b for a, b in picker_down):
+        # Fail-open: with no picker to refuse it, the bad body reached a backend, whose own answer counts.
+        return f"{o.status} bad input answered by a backend while the picker was down"
     if o.status >= 500:
         return f"{o.status} after backend death" if near_death else f"{o.status} (UNEXPECTED)"
     if o.kind == "bad":
@@ -329,7 +333,8 @@ def classify(o: Outcome, deaths: list[float]) -> str:
 
 def report(run: Run, args: argparse.Namespace) -> dict[str, Any]:
     deaths = [f.at for f in run.faults if f.name == "backend_kill"]
-    classes = Counter(classify(o, deaths) for o in run.outcomes)
+    picker_down = [(f.at, f.recovered_at + MESSAGE_TIMEOUT_S) for f in run.faults if f.name.startswith("picker")]
+    classes = Counter(classify(o, deaths, picker_down) for o in run.outcomes)
     incarnations = sorted({i for _, i, _ in run.rss})
     longest = max(incarnations, key=lambda i: sum(1 for _, j, _ in run.rss if j == i), default=0)
     points = [(t, m) for t, i, m in run.rss if i == longest]
@@ -350,8 +355,9 @@ def report(run: Run, args: argparse.Namespace) -> dict[str, Any]:
                                  "max": latencies[-1] if latencies else None},
     }  # fmt: skip
     if args.out:
-        Path(args.out).write_text(json.dumps({**summary, "fault_log": [asdict(f) for f in run.faults],
-                                              "rss": run.rss}, indent=1))  # fmt: skip
+        details = {"fault_log": [asdict(f) for f in run.faults], "rss": run.rss,
+                   "outcomes": [asdict(o) for o in run.outcomes]}  # fmt: skip
+        Path(args.out).write_text(json.dumps({**summary, **details}))
     return summary
 
 
