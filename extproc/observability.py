@@ -18,9 +18,7 @@ class RouterMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        self.decisions = Counter(
-            "router_decisions", "Routing decisions by reason", ["reason"], registry=registry
-        )
+        self.decisions = Counter("router_decisions", "Routing decisions by reason", ["reason"], registry=registry)
         self.rejections = Counter(
             "router_rejections", "Requests refused, by HTTP status", ["status"], registry=registry
         )
@@ -81,3 +79,31 @@ class PreciseGauge(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         yield GaugeMetricFamily("router_precise_endpoints", "Endpoints routed by their KV events", value=self._count())
+
+
+class PhaseTimer:
+    """Marks phase boundaries: each mark ends the named phase that began at the previous mark."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._start = clock()
+        self._marks: list[tuple[str, float]] = []
+
+    def mark(self, phase: str, split_first: tuple[str, float] | None = None) -> None:
+        """End ``phase`` now; ``split_first`` carves a leading sub-phase of known length out of it."""
+        now = self._clock()
+        if split_first is not None:
+            prev = self._marks[-1][1] if self._marks else self._start
+            self._marks.append((split_first[0], min(prev + split_first[1], now)))
+        self._marks.append((phase, now))
+
+    def phases(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        prev = self._start
+        for phase, t in self._marks:
+            if phase == "total_end":
+                out["total"] = t - self._start
+            else:
+                out[phase] = t - prev
+                prev = t
+        return out

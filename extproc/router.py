@@ -23,7 +23,7 @@ from extproc.backends.registry import EndpointRegistry, EndpointState
 from extproc.backends.shared_load import SharedLoad, SharedLoadUnavailable
 from extproc.errors import NoEndpoint, RouterError
 from extproc.kvcache.index import IndexUnavailable, PrefixIndex
-from extproc.observability import RouterMetrics
+from extproc.observability import PhaseTimer, RouterMetrics
 from extproc.scheduling.filters import eligible
 from extproc.scheduling.profiles import Profile
 from extproc.types import (
@@ -119,7 +119,7 @@ class Router:
         """Decide where ``request`` goes. Raises RouterError (mapped to an HTTP error by the adapter)."""
         if request.method != "POST" or request.path.split("?", 1)[0] not in LLM_PATHS:
             return PassThrough()
-        timer = _PhaseTimer(self._clock)
+        timer = PhaseTimer(self._clock)
         try:
             decision, routing = await self._decide(request, timer)
         except RouterError as exc:
@@ -140,7 +140,7 @@ class Router:
             },
         )
 
-    async def _decide(self, request: HttpRequest, timer: _PhaseTimer) -> tuple[Decision, RoutingRequest]:
+    async def _decide(self, request: HttpRequest, timer: PhaseTimer) -> tuple[Decision, RoutingRequest]:
         prepared = await self._d.preparer.prepare(request)
         timer.mark("tokenize", split_first=("parse", prepared.parse_s))
         scheme = self._d.scheme_for(prepared.base_model)
@@ -282,7 +282,7 @@ class Router:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _observe(self, request: HttpRequest, routing: RoutingRequest, decision: Decision, timer: _PhaseTimer) -> None:
+    def _observe(self, request: HttpRequest, routing: RoutingRequest, decision: Decision, timer: PhaseTimer) -> None:
         m = self._d.metrics
         m.decisions.labels(decision.reason.value).inc()
         m.cached_tokens.inc(decision.cached_tokens)
@@ -306,31 +306,3 @@ class Router:
                     }
                 )
             )
-
-
-class _PhaseTimer:
-    """Marks phase boundaries: each mark ends the named phase that began at the previous mark."""
-
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self._clock = clock
-        self._start = clock()
-        self._marks: list[tuple[str, float]] = []
-
-    def mark(self, phase: str, split_first: tuple[str, float] | None = None) -> None:
-        """End ``phase`` now; ``split_first`` carves a leading sub-phase of known length out of it."""
-        now = self._clock()
-        if split_first is not None:
-            prev = self._marks[-1][1] if self._marks else self._start
-            self._marks.append((split_first[0], min(prev + split_first[1], now)))
-        self._marks.append((phase, now))
-
-    def phases(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        prev = self._start
-        for phase, t in self._marks:
-            if phase == "total_end":
-                out["total"] = t - self._start
-            else:
-                out[phase] = t - prev
-                prev = t
-        return out
