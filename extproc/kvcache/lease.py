@@ -17,8 +17,8 @@ deposed owner (paused past its ttl, partitioned) changes nothing: ``FencedOut``,
 
 **Timings** (``ttl_s`` = 2): the holder renews every ttl/3; others try to acquire every ``ttl/10`` (the tick).
 A dead holder's lease expires within ttl of its last renewal; another replica takes it at its next tick and
-its stream task adopts it at its next poll (``SubscriberOptions.poll_interval_s``, 0.5 s) or message: about
-2.0-2.7 s worst case, plus the replay. A clean shutdown releases, so failover then takes a tick.
+its stream task adopts it at its next message or poll tick (0.1 s with a gate): at most about ttl + 0.3 s
+(2.3 s), plus the replay. A clean shutdown releases, so failover then takes a tick.
 A holder counts itself the writer only until *the time it sent its last successful renewal* + ttl, before the
 server's expiry; the fencing check covers whatever slips between the two.
 

@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 
 _MONITORED = zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
 _UP = (zmq.EVENT_CONNECTED, zmq.EVENT_ACCEPTED)
+_GATE_TICK_S = 0.1  # with a WriteGate, the poll tick: how soon an idle stream notices it became the writer
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,8 +247,9 @@ class KvEventSubscriber:
             poller = zmq.asyncio.Poller()
             poller.register(sub, zmq.POLLIN)
             poller.register(monitor, zmq.POLLIN)
+            tick_s = opt.poll_interval_s if self.gate is None else min(opt.poll_interval_s, _GATE_TICK_S)
             while True:
-                ready = dict(await poller.poll(timeout=opt.poll_interval_s * 1000))
+                ready = dict(await poller.poll(timeout=tick_s * 1000))
                 if self.gate is not None and self.gate.take(src.endpoint):
                     await self._resume(stream)
                 if monitor in ready:  # connection changes first: a reconnect purges before new data

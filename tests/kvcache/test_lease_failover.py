@@ -1,0 +1,230 @@
+"""Two replicas' ``EventFeed``s on one real valkey-server and one stand-in vLLM publisher (PUB + replay ROUTER):
+exactly one applies the stream; kill it and the other takes over within 3 s, resumes from the stored position
+through the ROUTER, and the writes reaching Redis are exactly the engine's, once each."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import zmq.asyncio
+
+from extproc.kvcache.feed import EventFeed
+from extproc.kvcache.lease import StreamLeases
+from extproc.kvcache.memory_index import MemoryPrefixIndex
+from extproc.kvcache.redis_index import RedisPrefixIndex
+from extproc.kvcache.subscriber import EventSource, SubscriberOptions
+from extproc.types import BlockHash, EndpointId, HashScheme
+
+from .vllm_pub import HASHES, FakePublisher, batch, removed, stored
+
+E = EndpointId("127.0.0.1:8001")
+# The default poll tick and lease ttl (2 s): what the 3 s failover promise is made with.
+OPTIONS = SubscriberOptions(replay_timeout_s=3.0, backoff_initial_s=0.05)
+TTL_S = 2.0
+
+Op = tuple[str, tuple[int, ...]]
+
+
+class RecordingIndex(RedisPrefixIndex):
+    """The shared index, recording each fenced write the server accepted (the writes made for the stream)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ops: list[Op] = []
+
+    async def store(
+        self,
+        endpoint: EndpointId,
+        hashes: Sequence[BlockHash],
+        *,
+        ttl_s: float | None = None,
+        fence: int | None = None,
+    ) -> None:
+        await super().store(endpoint, hashes, ttl_s=ttl_s, fence=fence)
+        if fence is not None:
+            self.ops.append(("store", tuple(hashes)))
+
+    async def remove(self, endpoint: EndpointId, hashes: Sequence[BlockHash], *, fence: int | None = None) -> None:
+        await super().remove(endpoint, hashes, fence=fence)
+        if fence is not None:
+            self.ops.append(("remove", tuple(hashes)))
+
+    async def clear(self, endpoint: EndpointId, *, fence: int | None = None) -> None:
+        await super().clear(endpoint, fence=fence)
+        if fence is not None:
+            self.ops.append(("clear", ()))
+
+
+@dataclass
+class Replica:
+    index: RecordingIndex
+    leases: StreamLeases
+    feed: EventFeed
+    alive: bool = True
+
+    def last_seq(self) -> int | None:
+        status = self.feed.subscriber.status(E)
+        return None if status is None else status.last_seq
+
+    async def kill(self) -> None:
+        """A crash: its stream stops mid-flight and its lease is left to expire (not released)."""
+        self.alive = False
+        await self.feed.subscriber.close()
+        await self.leases.close(release=False)
+
+
+@dataclass
+class Engine:
+    """The publisher and the truth: which blocks the engine holds, and the index writes its batches mean."""
+
+    pub: FakePublisher
+    rng: random.Random
+    held: set[int]
+    ops: list[Op]
+
+    async def run(self, n: int, *, drop: float = 0.1, ts: float = 1.0, end_empty: bool = True) -> None:
+        """``n`` random store/remove batches, ``drop`` of them lost on the PUB side (replay still has them),
+        then (``end_empty``) an empty batch so that a trailing drop is noticed."""
+        for _ in range(n):
+            if self.rng.random() < 0.6 or not self.held:
+                first = self.rng.randrange(0, len(HASHES) - 4)
+                payload = batch(stored(first, 4), ts=ts)
+                self.held |= set(HASHES[first : first + 4])
+                self.ops.append(("store", tuple(HASHES[first : first + 4])))
+            else:
+                block = HASHES.index(self.rng.choice(sorted(self.held)))
+                payload = batch(removed(block), ts=ts)
+                self.held.discard(HASHES[block])
+                self.ops.append(("remove", (HASHES[block],)))
+            if self.rng.random() < drop:
+                self.pub.drop(payload)
+            else:
+                await self.pub.publish(payload)
+            await asyncio.sleep(0.002)
+        if end_empty:
+            await self.pub.publish(batch(ts=ts))
+
+
+async def until(cond: Callable[[], bool], timeout_s: float = 15.0, what: str = "condition") -> float:
+    start = time.monotonic()
+    while not cond():
+        if time.monotonic() - start > timeout_s:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+    return time.monotonic() - start
+
+
+@contextlib.asynccontextmanager
+async def fleet(valkey_url: str) -> AsyncIterator[tuple[Engine, Callable[[str], Replica]]]:
+    """One engine; ``spawn(owner)`` starts a replica (its own Redis client, approximate index and feed)."""
+    namespace = f"failover-{uuid.uuid4().hex[:8]}"
+    ctx = zmq.asyncio.Context()
+    pub = FakePublisher(ctx)
+    pub.start()
+    replicas: list[Replica] = []
+
+    def spawn(owner: str) -> Replica:
+        index = RecordingIndex.from_url(valkey_url, namespace=namespace, timeout_s=1.0)
+        assert isinstance(index, RecordingIndex)
+        leases = StreamLeases(index, owner, ttl_s=TTL_S)
+        source = EventSource(E, pub.pub_address, pub.replay_address)
+        feed = EventFeed([source], index, MemoryPrefixIndex(), lambda _e: HashScheme(), OPTIONS, leases=leases)
+        feed.start()
+        replicas.append(replica := Replica(index, leases, feed))
+        return replica
+
+    try:
+        yield Engine(pub, random.Random(11), set(), []), spawn
+    finally:
+        for r in replicas:
+            if r.alive:
+                await r.feed.stop()
+            await r.index.close()
+        await pub.close()
+        ctx.destroy(linger=0)
+
+
+async def warm_up(engine: Engine, replicas: Sequence[Replica]) -> None:
+    """Empty batches until every replica's subscription is live, then wait until all have seen the last one."""
+    for _ in range(300):
+        await engine.pub.publish(batch())
+        await asyncio.sleep(0.02)
+        if all(r.last_seq() is not None for r in replicas):
+            break
+    await settle(engine, replicas)
+
+
+async def settle(engine: Engine, replicas: Sequence[Replica]) -> None:
+    last = engine.pub.seq - 1
+    await until(lambda: all(r.last_seq() == last for r in replicas), what=f"seq {last} everywhere")
+
+
+async def assert_index_is(index: RedisPrefixIndex, held: set[int]) -> None:
+    assert await index.entries(E) == len(held)
+    for h in HASHES:
+        assert (await index.match([BlockHash(h)], [E]) == {E: 1}) == (h in held), h
+
+
+async def test_one_replica_applies_and_the_other_takes_over_where_it_stopped(valkey_url: str) -> None:
+    async with fleet(valkey_url) as (engine, spawn):
+        a = spawn("a")
+        await until(lambda: a.leases.is_writer(E), what="a is the writer")
+        b = spawn("b")
+        await warm_up(engine, [a, b])
+        a.index.ops.clear()  # a's start-up purge; from here on only the engine's batches are written
+
+        await engine.run(120)
+        await engine.run(1, drop=0.0, end_empty=False)  # the stored position is a batch with writes
+        await settle(engine, [a, b])
+        assert a.index.ops == engine.ops  # a applied each batch once, gaps filled by replay
+        assert b.index.ops == [] and b.leases.counters.skipped_writes > 0  # b only observed
+        assert a.feed.subscriber.status(E).writer and not b.feed.subscriber.status(E).writer  # type: ignore[union-attr]
+        position = await b.leases.position(E)
+        assert position is not None and position.seq == engine.pub.seq - 1
+
+        await a.kill()
+        killed = time.monotonic()
+        await engine.run(20)  # published while nobody writes: b sees them, skips them, then replays them
+        await until(lambda: b.feed.subscriber.counters.resumes == 1, what="b resumes")
+        took = time.monotonic() - killed
+        print(f"failover: b resumed {took:.2f}s after a was killed")
+        assert took < 3.0
+        assert engine.pub.replay_requests[-1] == position.seq  # from the stored batch itself (digest check)
+
+        await engine.run(120)
+        await settle(engine, [b])
+        assert a.index.ops + b.index.ops == engine.ops  # nothing applied twice, nothing missing, no purge
+        assert b.feed.subscriber.counters.resume_failures == 0
+        assert b.leases.counters.acquired == 1 and b.leases.counters.fenced_writes == 0
+        await assert_index_is(b.index, engine.held)
+
+
+async def test_an_engine_restarted_while_nobody_wrote_is_rebuilt_not_resumed(valkey_url: str) -> None:
+    async with fleet(valkey_url) as (engine, spawn):
+        a = spawn("a")
+        await until(lambda: a.leases.is_writer(E), what="a is the writer")
+        b = spawn("b")
+        await warm_up(engine, [a, b])
+        await engine.run(30, drop=0.0)
+        await settle(engine, [a, b])
+        position = await b.leases.position(E)
+        assert position is not None
+
+        await a.kill()
+        engine.pub.restart_counter()  # a new engine process: seq from 0, an empty cache, other timestamps
+        engine.held.clear()
+        await engine.run(position.seq + 10, drop=0.0, ts=2.0)  # it reuses the stored seq with another batch
+        await until(lambda: b.feed.subscriber.counters.resume_failures == 1, what="b falls back")
+        await settle(engine, [b])
+        assert b.feed.subscriber.counters.resumes == 0
+        assert ("clear", ()) in b.index.ops  # purged, then rebuilt from the new engine's whole history
+        await assert_index_is(b.index, engine.held)
+        status = b.feed.subscriber.status(E)
+        assert status is not None and status.writer and not status.cold
