@@ -196,7 +196,7 @@ async def _chat(session: aiohttp.ClientSession, url: str, messages: list[dict[st
         return resp.status, await resp.json(content_type=None)
 
 
-async def _wait(condition: Any, what: str, timeout_s: float = 20.0) -> None:
+async def _wait(condition: Any, what: str, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
