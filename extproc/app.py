@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -24,6 +27,7 @@ from extproc.config import RouterConfig
 from extproc.kvcache.feed import EventFeed, sources_from_config
 from extproc.kvcache.hashing import BlockHasher
 from extproc.kvcache.index import PrefixIndex
+from extproc.kvcache.lease import StreamLeases
 from extproc.kvcache.memory_index import MemoryPrefixIndex
 from extproc.kvcache.redis_index import RedisPrefixIndex
 from extproc.kvcache.subscriber import EventSource
@@ -112,12 +116,11 @@ class App:
         )
         self.discovery = self._build_discovery()
         self.schemes = SchemeResolver({m.name: m for m in config.models}, self.registry)
-        self.feed = EventFeed(sources_from_config(config.endpoints), self.precise, self.approx, self._scheme_of)
-        self.metrics.registry.register(
-            CountersCollector(
-                "router_kv", lambda: (("ingest", self.feed.ingest.counters), ("stream", self.feed.subscriber.counters))
-            )
-        )
+        self.feed = EventFeed(
+            sources_from_config(config.endpoints), self.precise, self.approx, self._scheme_of,
+            leases=self._build_leases(),
+        )  # fmt: skip
+        self.metrics.registry.register(CountersCollector("router_kv", self._kv_counters))
         self.metrics.registry.register(
             PreciseGauge(lambda: sum(1 for eid in self.registry.snapshot() if self.feed.is_precise(eid)))
         )
@@ -190,6 +193,22 @@ class App:
                 idx.redis_url, namespace=idx.redis_namespace, timeout_s=idx.redis_timeout_s
             )
         return MemoryPrefixIndex()
+
+    def _build_leases(self) -> StreamLeases | None:
+        """With a shared Redis index, each endpoint's KV events are applied by one replica at a time."""
+        idx = self.config.index
+        if not isinstance(self.precise, RedisPrefixIndex) or not idx.event_leases:
+            return None
+        owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        return StreamLeases(self.precise, owner, ttl_s=idx.event_lease_ttl_s)
+
+    def _kv_counters(self) -> list[tuple[str, object]]:
+        """The write path's counters, exported as ``router_kv_<group>_<field>``."""
+        groups: list[tuple[str, object]] = [
+            ("ingest", self.feed.ingest.counters), ("stream", self.feed.subscriber.counters)]  # fmt: skip
+        if self.feed.leases is not None:
+            groups.append(("lease", self.feed.leases.counters))
+        return groups
 
     def _scheme_of(self, eid: EndpointId) -> HashScheme | None:
         """The hash scheme an endpoint's engine should use: that of the (first) model it serves."""

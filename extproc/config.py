@@ -143,6 +143,12 @@ class IndexConfig(_Strict):
     redis_url: str | None = Field(None, description="redis://[:password@]host:port/db or rediss:// (TLS)")
     redis_namespace: str = Field("kvidx", description="key prefix (and Redis Cluster hash tag) of this pool")
     redis_timeout_s: float = Field(0.05, gt=0, description="per Redis call; lookups also obey lookup_deadline_s")
+    event_leases: bool = Field(
+        True, description="redis: one replica at a time applies each endpoint's KV events (lease with fencing)"
+    )
+    event_lease_ttl_s: float = Field(
+        2.0, ge=0.3, description="redis: a dead replica's event streams fail over within about this + 0.3 s"
+    )
     lookup_deadline_s: float = Field(0.005, gt=0)
     approx_ttl_s: float = Field(600.0, gt=0, description="approximate entries expire after this")
     approx_capacity_blocks: int = Field(
