@@ -163,7 +163,7 @@ def _tenants_fleet(quick: bool) -> Fleet:
 # -- (3) agent chains: sequential calls on one growing context --------------------------------------------------
 def _agents(rate: float, step: int, seed: int, quick: bool) -> Plan:
     rng = random.Random(f"agents/{seed}/{step}")
-    n_sessions, chain, tools_len, task_len, result_len = (12, 4, 512, 128, 160) if quick else (24, 5, 1024, 256, 200)
+    n_sessions, chain, tools_len, task_len, result_len = (12, 4, 512, 128, 160) if quick else (16, 5, 1024, 256, 200)
     tools = _words(rng, tools_len)  # every agent carries the same tool definitions
     starts = _poisson(rng, rate / chain, n_sessions)  # sessions arrive so that calls come at ~rate
     sessions = []
@@ -257,7 +257,7 @@ def _sample_conversations(rows: list[Row], count: int, rng: random.Random) -> li
     return [rows[i] for i in sorted(chosen)]
 
 
-MOONCAKE = TraceOptions(MOONCAKE_DIR / "conversation_trace.jsonl", token_scale=0.125, count=160,
+MOONCAKE = TraceOptions(MOONCAKE_DIR / "conversation_trace.jsonl", token_scale=0.125, count=120,
                         sample_conversations=True)  # fmt: skip
 
 
@@ -268,7 +268,7 @@ def _mooncake(rate: float, step: int, seed: int, quick: bool) -> Plan:
 # -- (5) no sharing at all ----------------------------------------------------------------------------------------
 def _unique(rate: float, step: int, seed: int, quick: bool) -> Plan:
     rng = random.Random(f"unique/{seed}/{step}")
-    n = 48 if quick else 120
+    n = 48 if quick else 80
     times = _poisson(rng, rate, n)
     sessions = [Session(t, (Call(f"uniq-{step}-{i}", _words(rng, rng.randint(768, 1280)), 32),))
                 for i, t in enumerate(times)]  # fmt: skip
@@ -288,13 +288,13 @@ WORKLOADS: dict[str, Workload] = {
     w.name: w
     for w in (
         Workload("documents", "long documents: 8 x 2.5K tokens, 16 questions each, 15% with one leading space added",
-                 Fleet(num_gpu_blocks=1024), (8.0,), (6.0, 12.0), _documents),
+                 Fleet(num_gpu_blocks=1024), (8.0,), (8.0, 16.0), _documents),
         Workload("tenants", "llm-d precise-prefix shape, scaled: 16 groups x 1.5K-token prefix x 5 users x 3 "
                  "rounds, 192-token questions, 32 output tokens; prefixes 64% of fleet KV",
                  _tenants_fleet(False), (10.0,), (8.0, 16.0, 24.0), _tenants, fleet_quick=_tenants_fleet(True)),
-        Workload("agents", "agent chains: 24 sessions x 5 sequential calls on a growing context (1K shared tools)",
+        Workload("agents", "agent chains: 16 sessions x 5 sequential calls on a growing context (1K shared tools)",
                  Fleet(num_gpu_blocks=1024), (8.0,), (6.0, 12.0), _agents),
-        Workload("mooncake", "Mooncake conversation trace: ~160 rows of whole conversations sampled at random, "
+        Workload("mooncake", "Mooncake conversation trace: ~120 rows of whole conversations sampled at random, "
                  "1 hash id = 64 tokens, time-compressed to the rate",
                  Fleet(num_gpu_blocks=1024), (8.0,), (8.0, 16.0), _mooncake),
         Workload("unique", "no sharing: unique 0.75-1.3K-token prompts", Fleet(num_gpu_blocks=1024),
