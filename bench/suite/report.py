@@ -172,7 +172,41 @@ def _table(doc: dict[str, Any], workload: str) -> list[str]:
     return lines
 
 
-def render(doc: dict[str, Any], plots: list[str]) -> str:
+def _summary(doc: dict[str, Any]) -> list[str]:
+    """One row per policy, one column per workload: TTFT p90 / output tok/s / cached share of the ceiling at
+    each workload's highest rate (``–``: the policy did not reach it)."""
+    names = list(doc["workloads"])
+    tops = {n: max(w["rates_rps"]) for n, w in doc["workloads"].items()}
+    lines = ["| policy | " + " | ".join(f"{n} @ {tops[n]:g} rps" for n in names) + " |",
+             "|---|" + "---:|" * len(names)]  # fmt: skip
+    for policy in doc["policies"]:
+        row = []
+        for n in names:
+            cell = _at(_cells(doc, n, policy), tops[n])
+            if cell is None:
+                row.append("–")
+                continue
+            ok = "" if cell["success_rate"] >= 1.0 else f" ({cell['success_rate']:.0%} ok)"
+            row.append(f"{_fmt('{:.2f}', cell['ttft_p90_s'])} s / {cell['output_tok_s']:.0f} / "
+                       f"{_fmt('{:.0%}', cell['cached_share_of_ceiling'])}{ok}")  # fmt: skip
+        lines.append(f"| {policy} | " + " | ".join(row) + " |")
+    return lines
+
+
+def _diagnostics(doc: dict[str, Any]) -> list[str]:
+    """Our pickers' decision reasons and index failures per cell (why a policy did what it did)."""
+    lines = []
+    for n, w in doc["workloads"].items():
+        for policy, entry in w["policies"].items():
+            for c in entry.get("cells") or []:
+                counters = c.get("picker_counters")
+                if counters:
+                    pretty = ", ".join(f"{k.replace('decisions', '').strip('{}')}: {v}" for k, v in counters.items())
+                    lines.append(f"- {n} @ {c['offered_rate_rps']:g} rps, {policy}: {pretty}")
+    return lines
+
+
+def render(doc: dict[str, Any], plots: list[str], notes: str = "") -> str:
     meta = doc["meta"]
     m = meta["machine"]
     out = [
@@ -201,6 +235,16 @@ def render(doc: dict[str, Any], plots: list[str]) -> str:
     for g in goals(doc):
         mark = {True: "yes", False: "**no**", None: "n/a"}[g["met"]]
         out.append(f"| {g['name']} | {mark} | {g['detail']} |")
+    out += [
+        "",
+        "## Summary",
+        "",
+        "TTFT p90 / output tokens/s / cached share of the ceiling, at each workload's highest rate.",
+        "",
+    ]
+    out += _summary(doc)
+    if notes:
+        out += ["", "## Notes (written after the run)", "", notes.strip()]
     out += ["", "## Policies", ""]
     out += [f"- `{n}`: {s}" for n, s in doc["policies"].items()]
     for name, w in doc["workloads"].items():
@@ -214,6 +258,11 @@ def render(doc: dict[str, Any], plots: list[str]) -> str:
         png = f"{_slug(name)}.png"
         if png in plots:
             out += ["", f"![{name}]({png})"]
+    diagnostics = _diagnostics(doc)
+    if diagnostics:
+        out += ["", "## Picker decisions", "", "Decisions by reason and index failures of our pickers, per cell "
+                "(`cache`: warm endpoint; `load`: no useful prefix; `spill`: warm endpoint passed over for load).",
+                "", *diagnostics]  # fmt: skip
     return "\n".join(out) + "\n"
 
 
@@ -266,4 +315,5 @@ def plot(doc: dict[str, Any], out: Path) -> list[str]:
 def write(out: Path, plots: bool = True) -> None:
     doc = json.loads((out / "results.json").read_text())
     written = plot(doc, out) if plots else []
-    (out / "report.md").write_text(render(doc, written))
+    notes = out / "notes.md"
+    (out / "report.md").write_text(render(doc, written, notes.read_text() if notes.exists() else ""))
