@@ -6,6 +6,7 @@ writes are skipped (their own approximate index still follows purges). Keys (``l
 are in ``redis_index.py``'s key schema; the scripts are here::
 
     ACQUIRE  nobody holds lease:<e>  -> token = HINCRBY stream:<e> fence 1; HSET lease:<e> owner token; PEXPIRE ttl
+             (a missing counter starts at the server's time in ms, so tokens grow even across Redis data loss)
              we hold it already      -> our token again, PEXPIRE ttl (we had lost track of it)
     RENEW    lease token == ours     -> PEXPIRE ttl                       (every ttl/3)
     RELEASE  lease token == ours     -> DEL lease:<e>                     (unfollow, shutdown: instant failover)
@@ -59,8 +60,12 @@ if held[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return tonumber(held[2])
 end
+if redis.call('HEXISTS', KEYS[2], 'fence') == 0 then  -- first use, or Redis lost its data: start above any
+  local t = redis.call('TIME')                        -- token handed out before (one per ms at most)
+  redis.call('HSET', KEYS[2], 'fence', string.format('%.0f', tonumber(t[1]) * 1000 + math.floor(t[2] / 1000)))
+end
 local token = redis.call('HINCRBY', KEYS[2], 'fence', 1)
-redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'token', token)
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'token', string.format('%.0f', token))
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return token
 """

@@ -12,7 +12,8 @@ Key schema (``ns`` = the namespace, default ``"kvidx"``; ``<h>`` = a BlockHash a
                                 the index has a capacity
     {ns}:lease:<endpoint>  HASH  owner = replica id, token = its fencing token; PX = the lease ttl. Who applies
                                 the endpoint's KV-event stream (``lease.py``); gone = nobody
-    {ns}:stream:<endpoint> HASH  fence = the last token handed out (HINCRBY per acquisition, never reset);
+    {ns}:stream:<endpoint> HASH  fence = the last token handed out (HINCRBY per acquisition; starts at the
+                                server's time in ms, so it grows even if Redis loses it);
                                 seq, digest = the last batch applied to the index (its sequence number and the
                                 first 8 bytes of blake2b of its payload): where a new owner resumes
 

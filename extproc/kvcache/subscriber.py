@@ -309,8 +309,7 @@ class KvEventSubscriber:
             await self._recover(stream, last + 1, seq)
         stream.last_seq = seq
         await self._apply(stream, payload)
-        if self.gate is not None:
-            await self.gate.applied(endpoint, seq, payload)
+        await self._commit(stream, seq, payload)
 
     async def _apply(self, stream: _Stream, payload: bytes) -> None:
         try:
@@ -365,8 +364,15 @@ class KvEventSubscriber:
         self.counters.replayed_batches += len(items)
         for item in items:
             await self._apply(stream, item.payload)
-        if self.gate is not None and items:
-            await self.gate.applied(stream.source.endpoint, items[-1].seq, items[-1].payload)
+        if items:
+            await self._commit(stream, items[-1].seq, items[-1].payload)
+
+    async def _commit(self, stream: _Stream, seq: int, payload: bytes) -> None:
+        """Store ``seq`` as the stream's position (a no-op unless this replica is the writer); not while a
+        write failed (a pending purge): a successor must replay from before the lost write."""
+        endpoint = stream.source.endpoint
+        if self.gate is not None and not self.ingest.state(endpoint).needs_purge:
+            await self.gate.applied(endpoint, seq, payload)
 
     async def _resume(self, stream: _Stream) -> None:
         """As the new writer: replay from the stored position's batch (checked by its digest) and apply the

@@ -188,3 +188,21 @@ async def test_many_endpoints_three_replicas_one_holder_each(make: Make) -> None
         assert sum(1 for r in replicas if token(r, e) is not None) == 1, e
     assert sum(r.counters.acquired for r in replicas) == len(endpoints) + 1  # + E, followed by every replica
     assert all(r.counters.lost == 0 for r in replicas)
+
+
+async def test_tokens_keep_growing_when_redis_loses_the_lease_keys(make: Make, valkey_url: str) -> None:
+    import redis.asyncio as aioredis
+
+    index_a, a = await make("a", clock=FrozenClock())  # never notices the loss itself
+    await until(lambda: token(a) is not None, what="a acquires")
+    stale = token(a)
+    raw = aioredis.Redis.from_url(valkey_url)
+    try:
+        await raw.delete(*index_a.lease_keys(E))  # a Redis restarted empty, or failed over to a lagging replica
+    finally:
+        await raw.aclose()
+    _, b = await make("b")
+    await until(lambda: token(b) is not None, what="b acquires")
+    assert (token(b) or 0) > (stale or 0)  # the counter restarted from the server's clock, not from 1
+    with pytest.raises(FencedOut):
+        await index_a.store(E, H[:1], fence=stale)

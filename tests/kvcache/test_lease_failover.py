@@ -16,6 +16,7 @@ from typing import Any
 import zmq.asyncio
 
 from extproc.kvcache.feed import EventFeed
+from extproc.kvcache.index import IndexUnavailable
 from extproc.kvcache.lease import StreamLeases
 from extproc.kvcache.memory_index import MemoryPrefixIndex
 from extproc.kvcache.redis_index import RedisPrefixIndex
@@ -38,6 +39,8 @@ class RecordingIndex(RedisPrefixIndex):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.ops: list[Op] = []
+        self.fail_stores = 0  # the next this many stores fail as if Redis timed out
+
 
     async def store(
         self,
@@ -47,6 +50,9 @@ class RecordingIndex(RedisPrefixIndex):
         ttl_s: float | None = None,
         fence: int | None = None,
     ) -> None:
+        if self.fail_stores:
+            self.fail_stores -= 1
+            raise IndexUnavailable("injected: no answer")
         await super().store(endpoint, hashes, ttl_s=ttl_s, fence=fence)
         if fence is not None:
             self.ops.append(("store", tuple(hashes)))
@@ -228,3 +234,22 @@ async def test_an_engine_restarted_while_nobody_wrote_is_rebuilt_not_resumed(val
         await assert_index_is(b.index, engine.held)
         status = b.feed.subscriber.status(E)
         assert status is not None and status.writer and not status.cold
+
+
+async def test_a_batch_whose_write_failed_is_not_committed(valkey_url: str) -> None:
+    async with fleet(valkey_url) as (engine, spawn):
+        a = spawn("a")
+        await until(lambda: a.leases.is_writer(E), what="a is the writer")
+        await warm_up(engine, [a])
+        ok = await engine.pub.publish(batch(stored(0, 4)))
+        await settle(engine, [a])
+        assert (await a.leases.position(E)).seq == ok  # type: ignore[union-attr]
+        a.index.fail_stores = 1
+        await engine.pub.publish(batch(stored(4, 4)))  # its store is lost: ingest will purge before the next
+        await settle(engine, [a])
+        assert (await a.leases.position(E)).seq == ok  # type: ignore[union-attr]
+        assert a.feed.ingest.state(E).needs_purge
+        last = await engine.pub.publish(batch(stored(0, 2)))
+        await settle(engine, [a])
+        assert (await a.leases.position(E)).seq == last  # type: ignore[union-attr]
+        assert a.index.ops[-2:] == [("clear", ()), ("store", tuple(HASHES[:2]))]
