@@ -16,6 +16,10 @@ are in ``redis_index.py``'s key schema; the scripts are here::
 the writer's token; the write script itself compares it with ``lease:<e>``'s (``redis_lua`` ``fenced``), so a
 deposed owner (paused past its ttl, partitioned) changes nothing: ``FencedOut``, counted, and it stops writing.
 
+**Only a replica that hears the engine competes**: the subscriber reports its stream's connection
+(``hearing``); a replica not connected never acquires, and a holder that stays deaf for a ttl releases the
+lease (a partition, an engine gone), so it cannot sit on a lease while replicas that hear the engine skip.
+
 **Timings** (``ttl_s`` = 2): the holder renews every ttl/3; others try to acquire every ``ttl/10`` (the tick).
 A dead holder's lease expires within ttl of its last renewal; another replica takes it at its next tick and
 its stream task adopts it at its next message or poll tick (0.1 s with a gate): at most about ttl + 0.3 s
@@ -105,6 +109,10 @@ class WriteGate(Protocol):
         """Stop competing; release the lease if held (after the stream's task is stopped)."""
         ...
 
+    def hearing(self, endpoint: EndpointId, connected: bool) -> None:
+        """The stream's connection to the engine is up (or down): only a replica hearing it holds the lease."""
+        ...
+
     def take(self, endpoint: EndpointId) -> bool:
         """Called between batches: adopt the lease's current state. True if this replica has just become the
         writer: the caller must resume from ``position`` before applying anything else."""
@@ -152,6 +160,7 @@ class _Lease:
     valid_until: float = 0.0  # local monotonic time: (sent of the last successful acquire/renew) + ttl
     renew_at: float = 0.0
     adopted: int | None = None  # the token the stream's task writes with (changed only between batches)
+    deaf_since: float | None = 0.0  # since when its stream has not been connected (None: connected)
 
 
 class StreamLeases:
@@ -205,17 +214,21 @@ class StreamLeases:
     # -- WriteGate --------------------------------------------------------------------------------------------
 
     def follow(self, endpoint: EndpointId) -> None:
-        self._leases.setdefault(endpoint, _Lease())
+        self._leases.setdefault(endpoint, _Lease(deaf_since=self._clock()))
+
+    def hearing(self, endpoint: EndpointId, connected: bool) -> None:
+        lease = self._leases.get(endpoint)
+        if lease is None:
+            return
+        if connected:
+            lease.deaf_since = None
+        elif lease.deaf_since is None:
+            lease.deaf_since = self._clock()
 
     async def unfollow(self, endpoint: EndpointId) -> None:
         lease = self._leases.pop(endpoint, None)
-        if lease is None or lease.token is None:
-            return
-        try:
-            if await self._run_script("release", endpoint, [lease.token]):
-                self.counters.released += 1
-        except IndexUnavailable as exc:
-            log.warning("kv leases: releasing %s failed (it expires in %.1fs): %s", endpoint, self.ttl_s, exc)
+        if lease is not None and lease.token is not None:
+            await self._release(endpoint, lease, "unfollowed")
 
     def take(self, endpoint: EndpointId) -> bool:
         lease = self._leases.get(endpoint)
@@ -300,8 +313,12 @@ class StreamLeases:
         now = self._clock()
         if lease.token is not None and now >= lease.valid_until:
             self._lose(endpoint, lease, "not renewed in time")
+        deaf_s = None if lease.deaf_since is None else now - lease.deaf_since
         if lease.token is None:
-            await self._acquire(endpoint, lease, now)
+            if deaf_s is None:
+                await self._acquire(endpoint, lease, now)
+        elif deaf_s is not None and deaf_s >= self.ttl_s:
+            await self._release(endpoint, lease, f"its stream has been disconnected for {deaf_s:.1f}s")
         elif now >= lease.renew_at:
             await self._renew(endpoint, lease, now)
 
@@ -332,6 +349,15 @@ class StreamLeases:
             self.counters.renewals += 1
         else:
             self._lose(endpoint, lease, "renewal refused: taken over")
+
+    async def _release(self, endpoint: EndpointId, lease: _Lease, why: str) -> None:
+        token, lease.token, lease.adopted = lease.token, None, None  # stop writing first
+        try:
+            if await self._run_script("release", endpoint, [token or 0]):
+                self.counters.released += 1
+                log.info("kv leases: %s: released (%s)", endpoint, why)
+        except IndexUnavailable as exc:
+            log.warning("kv leases: releasing %s failed (it expires in %.1fs): %s", endpoint, self.ttl_s, exc)
 
     def _extend(self, lease: _Lease, sent: float) -> None:
         lease.valid_until = sent + self.ttl_s

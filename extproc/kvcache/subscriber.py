@@ -227,6 +227,8 @@ class KvEventSubscriber:
                     backoff = opt.backoff_initial_s  # it had been healthy: start the backoff over
                 log.exception("kv events: %s failed; restarting in %.1fs", stream.source.endpoint, backoff)
             stream.connections = 0
+            if self.gate is not None:
+                self.gate.hearing(stream.source.endpoint, False)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, self.options.backoff_max_s)
 
@@ -251,8 +253,8 @@ class KvEventSubscriber:
             tick_s = opt.poll_interval_s if self.gate is None else min(opt.poll_interval_s, _GATE_TICK_S)
             while True:
                 ready = dict(await poller.poll(timeout=tick_s * 1000))
-                if self.gate is not None and self.gate.take(src.endpoint):
-                    await self._resume(stream)
+                if self.gate is not None:
+                    await self._gate_tick(stream)
                 if monitor in ready:  # connection changes first: a reconnect purges before new data
                     await self._on_monitor(stream, await monitor.recv_multipart())
                 elif sub in ready:
@@ -262,6 +264,14 @@ class KvEventSubscriber:
                 sub.disable_monitor()
             monitor.close(linger=0)
             sub.close(linger=0)
+
+    async def _gate_tick(self, stream: _Stream) -> None:
+        """Between batches: tell the gate whether we hear the engine; resume if we just became the writer."""
+        assert self.gate is not None
+        endpoint = stream.source.endpoint
+        self.gate.hearing(endpoint, stream.connections > 0)
+        if self.gate.take(endpoint):
+            await self._resume(stream)
 
     async def _on_monitor(self, stream: _Stream, frames: list[bytes]) -> None:
         event = parse_monitor_message(frames)["event"]

@@ -56,6 +56,7 @@ async def make(valkey_url: str) -> AsyncIterator[Make]:
         index = await RedisPrefixIndex.connect(valkey_url, namespace=namespace, timeout_s=1.0)
         leases = StreamLeases(index, owner, ttl_s=ttl_s, clock=clock)
         leases.follow(E)
+        leases.hearing(E, True)  # its stream is connected (what the subscriber reports)
         if start:
             leases.start()
         made.append((index, leases))
@@ -179,6 +180,7 @@ async def test_many_endpoints_three_replicas_one_holder_each(make: Make) -> None
         _, leases = await make(owner, start=False)
         for e in endpoints:
             leases.follow(e)
+            leases.hearing(e, True)
         replicas.append(leases)
     for leases in replicas:
         leases.start()
@@ -206,3 +208,27 @@ async def test_tokens_keep_growing_when_redis_loses_the_lease_keys(make: Make, v
     assert (token(b) or 0) > (stale or 0)  # the counter restarted from the server's clock, not from 1
     with pytest.raises(FencedOut):
         await index_a.store(E, H[:1], fence=stale)
+
+
+async def test_only_a_replica_hearing_the_engine_holds_the_lease(make: Make) -> None:
+    _, a = await make("a")
+    a.hearing(E, False)  # its stream is not connected
+    _, b = await make("b", start=False)
+    b.hearing(E, False)
+    b.start()
+    await asyncio.sleep(3 * TTL / 10)
+    assert token(a) is None and token(b) is None  # nobody hears the engine: nobody competes
+    b.hearing(E, True)
+    await until(lambda: token(b) is not None, what="b, which hears it, acquires")
+    assert b.take(E)
+    a.hearing(E, True)
+    b.hearing(E, False)  # partitioned from the engine: b lets go after a ttl, and a takes over
+    released = await until(lambda: token(a) is not None, what="a takes over")
+    assert TTL * 0.8 < released < TTL * 2
+    assert b.counters.released == 1 and not b.is_writer(E)
+    b.hearing(E, True)  # a blip shorter than the ttl does not move the lease
+    a.hearing(E, False)
+    await asyncio.sleep(TTL / 2)
+    a.hearing(E, True)
+    await asyncio.sleep(TTL)
+    assert token(a) is not None and token(b) is None and a.counters.released == 0

@@ -128,19 +128,21 @@ async def until(cond: Callable[[], bool], timeout_s: float = 15.0, what: str = "
 
 
 @contextlib.asynccontextmanager
-async def fleet(valkey_url: str) -> AsyncIterator[tuple[Engine, Callable[[str], Replica]]]:
-    """One engine; ``spawn(owner)`` starts a replica (its own Redis client, approximate index and feed)."""
+async def fleet(valkey_url: str) -> AsyncIterator[tuple[Engine, Callable[..., Replica]]]:
+    """One engine; ``spawn(owner)`` starts a replica (its own Redis client, approximate index and feed);
+    ``spawn(owner, deaf=True)``: one that dials a PUB address nobody serves."""
     namespace = f"failover-{uuid.uuid4().hex[:8]}"
     ctx = zmq.asyncio.Context()
     pub = FakePublisher(ctx)
     pub.start()
     replicas: list[Replica] = []
 
-    def spawn(owner: str) -> Replica:
+    def spawn(owner: str, *, deaf: bool = False) -> Replica:
         index = RecordingIndex.from_url(valkey_url, namespace=namespace, timeout_s=1.0)
         assert isinstance(index, RecordingIndex)
         leases = StreamLeases(index, owner, ttl_s=TTL_S)
-        source = EventSource(E, pub.pub_address, pub.replay_address)
+        address = f"ipc:///tmp/nobody-{uuid.uuid4().hex}" if deaf else pub.pub_address
+        source = EventSource(E, address, pub.replay_address)
         feed = EventFeed([source], index, MemoryPrefixIndex(), lambda _e: HashScheme(), OPTIONS, leases=leases)
         feed.start()
         replicas.append(replica := Replica(index, leases, feed))
@@ -253,3 +255,16 @@ async def test_a_batch_whose_write_failed_is_not_committed(valkey_url: str) -> N
         await settle(engine, [a])
         assert (await a.leases.position(E)).seq == last  # type: ignore[union-attr]
         assert a.index.ops[-2:] == [("clear", ()), ("store", tuple(HASHES[:2]))]
+
+
+async def test_a_replica_that_cannot_hear_the_engine_never_becomes_its_writer(valkey_url: str) -> None:
+    async with fleet(valkey_url) as (engine, spawn):
+        deaf = spawn("deaf", deaf=True)  # first to start, but its SUB never connects
+        await asyncio.sleep(0.5)
+        b = spawn("b")
+        await until(lambda: b.leases.is_writer(E), what="b is the writer")
+        await warm_up(engine, [b])
+        await engine.run(40)
+        await settle(engine, [b])
+        assert deaf.leases.counters.acquired == 0 and deaf.index.ops == []
+        await assert_index_is(b.index, engine.held)
