@@ -113,6 +113,7 @@ class App:
             timeout_s=config.scrape.timeout_s,
             discover_interval_s=config.scrape.discover_interval_s,
             on_scrape=self.inflight.scraped,
+            on_down=self._endpoint_down,
         )
         self.discovery = self._build_discovery()
         self.schemes = SchemeResolver({m.name: m for m in config.models}, self.registry)
@@ -172,6 +173,19 @@ class App:
             task = asyncio.create_task(self._forget(eid))
             self._cleanups.add(task)
             task.add_done_callback(self._cleanups.discard)
+
+    def _endpoint_down(self, eid: EndpointId) -> None:
+        """``eid`` refuses connections (its engine died or is restarting): an engine that comes back holds an
+        empty cache, so our guesses about it go now. (Event-fed endpoints are purged by their stream too.)"""
+        task = asyncio.create_task(self._clear_approx(eid))
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+
+    async def _clear_approx(self, eid: EndpointId) -> None:
+        try:
+            await self.approx.clear(eid)
+        except Exception as exc:  # best effort, like every approximate-index write
+            log.warning("clearing the approximate entries of %s failed: %s", eid, exc)
 
     async def _forget(self, eid: EndpointId) -> None:
         try:

@@ -33,6 +33,7 @@ class Scraper:
         discover_interval_s: float,
         on_scrape: Callable[[EndpointId], None] | None = None,
         metrics_urls: Mapping[EndpointId, str] | None = None,
+        on_down: Callable[[EndpointId], None] | None = None,
     ) -> None:
         self._registry = registry
         self._urls = dict(urls)
@@ -41,6 +42,7 @@ class Scraper:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._discover_every = max(1, round(discover_interval_s / interval_s))
         self._on_scrape = on_scrape
+        self._on_down = on_down  # called once when an endpoint turns unhealthy (its engine died or restarts)
         self._tasks: dict[EndpointId, asyncio.Task[None]] = {}
         self._session: aiohttp.ClientSession | None = None
 
@@ -106,6 +108,9 @@ class Scraper:
         if state is not None and state.failures == 0:
             log.warning("scrape of %s failed (%s: %s); its load is unknown", eid, type(exc).__name__, exc)
         self._registry.failed(eid, unreachable=unreachable)
+        after = self._registry.snapshot().get(eid)
+        if self._on_down and state is not None and state.endpoint.healthy and after and not after.endpoint.healthy:
+            self._on_down(eid)
 
     async def _discover(self, eid: EndpointId) -> None:
         assert self._session is not None

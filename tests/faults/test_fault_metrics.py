@@ -17,6 +17,7 @@ import pytest
 from aiohttp import web
 
 from extproc.app import App
+from extproc.router import HEADER_CACHED
 from extproc.types import EndpointId, HttpRequest, Route
 from tests.fuzz.inproc import MODEL, router_config
 
@@ -59,12 +60,16 @@ class Backend:
 
     async def start(self) -> None:
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)  # a restart keeps the port
         await site.start()
         self.port = self._runner.addresses[0][1]
 
     async def stop(self) -> None:
         await self._runner.cleanup()
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/v1/models", self._models)
+        self._runner = web.AppRunner(app, access_log=None)  # ready to start again
 
     async def _models(self, _: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
@@ -153,3 +158,22 @@ async def test_refused_metrics_make_the_endpoint_unhealthy(rig: tuple[App, Backe
     await until(lambda: not app.registry.snapshot()[faulty.endpoint].endpoint.healthy, timeout_s=2.0)
     picks = [await app.router.route(chat(i)) for i in range(5)]
     assert all(isinstance(p, Route) and p.endpoints == (busy.endpoint,) for p in picks)
+
+
+async def test_a_backend_that_went_down_and_came_back_has_no_phantom_cache(rig: tuple[App, Backend, Backend]) -> None:
+    """Without KV events, only our own guesses say what an engine caches. An engine that refused its scrapes
+    (died, restarting) comes back empty, so the guesses about it must be gone: no cache is predicted on it."""
+    app, faulty, busy = rig
+    await until(lambda: app.registry.snapshot()[faulty.endpoint].metrics is not None)
+    first = await app.router.route(chat(0))
+    assert isinstance(first, Route) and first.endpoints[0] == faulty.endpoint
+    await asyncio.sleep(0.05)  # the approximate write is fire-and-forget
+    again = await app.router.route(chat(0))
+    assert isinstance(again, Route) and int(again.headers[HEADER_CACHED]) > 0, "warm before the restart"
+    await faulty.stop()
+    await until(lambda: not app.registry.snapshot()[faulty.endpoint].endpoint.healthy)
+    await faulty.start()
+    await until(lambda: app.registry.snapshot()[faulty.endpoint].endpoint.healthy)
+    after = await app.router.route(chat(0))
+    assert isinstance(after, Route)
+    assert int(after.headers[HEADER_CACHED]) == 0, ("phantom cache predicted after a restart", after)
