@@ -16,11 +16,12 @@ Per endpoint (one task, so its batches are applied strictly in order)::
                                 holds the start) -> purge, apply the replayed tail, apply
     bad frames / payload     -> counted, logged (rate-limited), skipped; the stream carries on
 
-With a ``WriteGate`` (``lease.py``: replicas sharing a Redis index), only the endpoint's writer writes; the
-others run the same loop with their index writes skipped. On becoming the writer (and on reconnecting as it)
-the stream resumes instead (``_resume``): replay from the stored last applied batch, apply what follows it;
-if that batch is gone or differs (engine restarted), purge and bootstrap as above. After each applied batch
-(or replayed run) the writer stores its seq as the position.
+With a ``WriteGate`` (``gate.py``; ``lease.py``: replicas sharing a Redis index), only the endpoint's
+writer writes; the others run the same loop with their index writes skipped. On becoming the writer (and on
+reconnecting as it) the stream resumes instead (``_resume``): replay from the stored last applied batch and
+apply what follows it; if that batch is gone or differs (engine restarted), purge and bootstrap as above.
+After each applied batch (or replayed run) the writer stores its seq as the position. The loop tells the
+gate whether it hears the engine: only a replica that does holds the lease.
 
 "Purge" = clear the endpoint's index entries and mark it cold until events refill it (``Ingest.purge``).
 Applying only a *tail* of an engine's history never invents blocks (``replay.contiguous_tail``), so partial
@@ -49,8 +50,8 @@ from zmq.utils.monitor import parse_monitor_message
 
 from extproc.kvcache import replay
 from extproc.kvcache.events import EventDecodeError, ReplayItem, decode_batch, parse_frames
+from extproc.kvcache.gate import WriteGate
 from extproc.kvcache.ingest import Ingest
-from extproc.kvcache.lease import WriteGate
 from extproc.types import EndpointId
 
 log = logging.getLogger(__name__)

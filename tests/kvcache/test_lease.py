@@ -9,7 +9,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from extproc.kvcache.lease import Position, StreamLeases, digest
+from extproc.kvcache.gate import Position, digest
+from extproc.kvcache.lease import StreamLeases
 from extproc.kvcache.redis_index import FencedOut, RedisPrefixIndex
 from extproc.types import BlockHash, EndpointId
 
