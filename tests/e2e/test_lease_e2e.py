@@ -125,14 +125,22 @@ async def load(url: str) -> Any:
         await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
 
 
+def two_pickers(valkey_url: str, namespace: str) -> StackSpec:
+    index = {"backend": "redis", "redis_url": valkey_url, "redis_namespace": namespace}
+    return StackSpec(backends=BACKENDS, pickers=2, kv_events=True, sim_profile="fast", picker_overrides={"index": index})
+
+
+async def picker0_holds_every_lease(m0: str, m1: str) -> None:
+    """Picker 0 came up first: it holds every stream's lease; picker 1 follows every stream, holds none."""
+    await until(lambda: metric(m0, "router_kv_lease_acquired_total") == BACKENDS
+                and metric(m1, "router_precise_endpoints") == BACKENDS, 20.0, "picker 0 holds every lease")  # fmt: skip
+    assert metric(m1, "router_kv_lease_acquired_total") == 0
+
+
 async def test_killing_the_lease_holder_fails_over_and_routing_stays_precise(tmp_path: Path, valkey_url: str) -> None:
-    index = {"backend": "redis", "redis_url": valkey_url, "redis_namespace": "lease-e2e"}
-    spec = StackSpec(backends=BACKENDS, pickers=2, kv_events=True, sim_profile="fast", picker_overrides={"index": index})
-    with Stack(spec, tmp_path) as stack:
+    with Stack(two_pickers(valkey_url, "lease-e2e-kill"), tmp_path) as stack:
         m0, m1 = stack.picker_metrics_urls
-        await until(lambda: metric(m0, "router_kv_lease_acquired_total") == BACKENDS
-                    and metric(m1, "router_precise_endpoints") == BACKENDS, 20.0, "picker 0 holds every lease")  # fmt: skip
-        assert metric(m1, "router_kv_lease_acquired_total") == 0
+        await picker0_holds_every_lease(m0, m1)
         async with aiohttp.ClientSession() as session:
             probes = Probes(stack, session)
             picks = await probes.run(BACKENDS)  # before: picker 0 writes every stream
@@ -159,3 +167,30 @@ async def test_killing_the_lease_holder_fails_over_and_routing_stays_precise(tmp
             picks = await probes.run(BACKENDS)  # after: only picker 1's writes can say where each document is
             assert len(picks) == BACKENDS and all(t == h and c >= 512 for t, h, c in picks), picks
             assert metric(m1, "router_precise_endpoints") == BACKENDS
+
+
+async def test_a_paused_lease_holder_is_deposed_and_stays_out(tmp_path: Path, valkey_url: str) -> None:
+    """SIGSTOP past the lease ttl (a GC pause, a frozen VM): picker 1 takes over; once picker 0 runs again it
+    finds its leases gone, writes nothing, and does not get them back."""
+    with Stack(two_pickers(valkey_url, "lease-e2e-pause"), tmp_path) as stack:
+        m0, m1 = stack.picker_metrics_urls
+        await picker0_holds_every_lease(m0, m1)
+        async with aiohttp.ClientSession() as session:
+            probes = Probes(stack, session)
+            picks = await probes.run(BACKENDS)
+            assert len(picks) == BACKENDS and all(t == h for t, h, _ in picks), picks
+            picker0 = stack.pickers[0]
+            assert picker0.pid is not None
+            os.killpg(picker0.pid, signal.SIGSTOP)  # no requests meanwhile: a frozen picker holds them
+            try:
+                await until(lambda: metric(m1, "router_kv_stream_takeovers_total") == BACKENDS, 10.0, "takeover")
+            finally:
+                os.killpg(picker0.pid, signal.SIGCONT)
+            await until(lambda: metric(m0, "router_kv_lease_lost_total") == BACKENDS, 10.0, "picker 0 notices")
+            skipped = metric(m0, "router_kv_lease_skipped_writes_total")
+            picks = await probes.run(BACKENDS)  # both pickers up again; only picker 1 writes
+            assert len(picks) == BACKENDS and all(t == h and c >= 512 for t, h, c in picks), picks
+            assert metric(m0, "router_kv_lease_skipped_writes_total") > skipped  # it saw the events, wrote none
+            assert metric(m0, "router_kv_lease_acquired_total") == BACKENDS  # never got them back
+            assert metric(m1, "router_kv_lease_lost_total") == 0
+            assert metric(m1, "router_kv_stream_resumes_total") == BACKENDS
