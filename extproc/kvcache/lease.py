@@ -255,8 +255,12 @@ class StreamLeases:
         while True:
             for endpoint in list(self._leases):
                 lease = self._leases.get(endpoint)
-                if lease is not None:
+                if lease is None:
+                    continue
+                try:
                     await self._tend(endpoint, lease)
+                except Exception:  # keep tending the others; this one is retried next tick
+                    log.exception("kv leases: tending %s failed", endpoint)
             await asyncio.sleep(tick)
 
     async def _tend(self, endpoint: EndpointId, lease: _Lease) -> None:
@@ -278,11 +282,16 @@ class StreamLeases:
         except IndexUnavailable:
             self.counters.acquire_failures += 1
             return
-        if token and self._leases.get(endpoint) is lease:
-            lease.token = token
-            self._extend(lease, now)
-            self.counters.acquired += 1
-            log.info("kv leases: %s: acquired (token %d) by %s", endpoint, token, self.owner)
+        if not token:
+            return
+        if self._leases.get(endpoint) is not lease:  # unfollowed meanwhile: hand it back at once
+            with contextlib.suppress(IndexUnavailable):
+                await self._run_script("release", endpoint, [token])
+            return
+        lease.token = token
+        self._extend(lease, now)
+        self.counters.acquired += 1
+        log.info("kv leases: %s: acquired (token %d) by %s", endpoint, token, self.owner)
 
     async def _renew(self, endpoint: EndpointId, lease: _Lease, now: float) -> None:
         token = lease.token

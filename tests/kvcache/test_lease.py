@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
 
 import pytest
 
@@ -233,3 +234,25 @@ async def test_only_a_replica_hearing_the_engine_holds_the_lease(make: Make) -> 
     a.hearing(E, True)
     await asyncio.sleep(TTL)
     assert token(a) is not None and token(b) is None and a.counters.released == 0
+
+
+async def test_the_keeper_survives_an_unexpected_error(valkey_url: str) -> None:
+    class Flaky(RedisPrefixIndex):
+        failures = 2
+
+        async def run(self, script: Any, keys: Sequence[bytes], args: Sequence[bytes | str | int]) -> Any:
+            if self.failures:
+                self.failures -= 1
+                raise RuntimeError("a bug, not a Redis error")
+            return await super().run(script, keys, args)
+
+    index = Flaky.from_url(valkey_url, namespace=f"lease-{uuid.uuid4().hex[:8]}", timeout_s=1.0)
+    leases = StreamLeases(index, "a", ttl_s=TTL)
+    leases.follow(E)
+    leases.hearing(E, True)
+    leases.start()
+    try:
+        await until(lambda: token(leases) is not None, what="acquired after two failed ticks")
+    finally:
+        await leases.close()
+        await index.close()
