@@ -256,3 +256,28 @@ async def test_the_keeper_survives_an_unexpected_error(valkey_url: str) -> None:
     finally:
         await leases.close()
         await index.close()
+
+
+@pytest.mark.parametrize(
+    ("index", "leased"),
+    [
+        ({"backend": "memory"}, False),
+        ({"backend": "redis", "redis_url": "redis://127.0.0.1:1/0"}, True),
+        ({"backend": "redis", "redis_url": "redis://127.0.0.1:1/0", "event_leases": False}, False),
+    ],
+    ids=["memory", "redis", "redis-leases-off"],
+)
+async def test_the_app_uses_leases_only_with_a_shared_index(index: dict[str, Any], leased: bool) -> None:
+    from prometheus_client import generate_latest
+
+    from extproc.app import App
+    from tests.fuzz.inproc import router_config
+
+    app = App(router_config(index=index))  # nothing connects yet (Redis is dialled lazily)
+    try:
+        assert (app.feed.leases is not None) == leased
+        exported = generate_latest(app.metrics.registry).decode()
+        assert ("router_kv_lease_acquired_total" in exported) == leased
+        assert "router_kv_stream_takeovers_total" in exported
+    finally:
+        await app.stop()
