@@ -119,6 +119,11 @@ class Router:
         """Decide where ``request`` goes. Raises RouterError (mapped to an HTTP error by the adapter)."""
         if request.method != "POST" or request.path.split("?", 1)[0] not in LLM_PATHS:
             return PassThrough()
+        if not request.body and request.subset is None:
+            # Nothing to route on: Envoy decided at the headers (body mode NONE, STREAMED or GRPC, where the
+            # body never reaches us) or the client sent none. Envoy's own balancing serves it; a backend
+            # answers an empty body itself. (Refusing it would refuse every request of a header-only setup.)
+            return PassThrough()
         timer = PhaseTimer(self._clock)
         try:
             decision, routing = await self._decide(request, timer)

@@ -401,3 +401,15 @@ def _examples(rng: random.Random, count: int) -> list[list[pb.ProcessingRequest]
     collect()
     rng.shuffle(out)
     return out[:count]
+
+
+@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.parametrize("mode", [0, 1, 5], ids=["NONE", "STREAMED", "GRPC"])
+async def test_a_decision_at_the_headers_without_the_body_passes_through(app, mode: int) -> None:  # type: ignore[no-untyped-def]
+    """Header-only body modes never show us the body: the request passes through to Envoy's own balancing
+    (before the fix every LLM request of such a setup got 400 "body is not valid JSON")."""
+    first = normal_request()[0]
+    first.protocol_config.request_body_mode = mode  # type: ignore[assignment]
+    (reply,) = await Exchange(app.router, ProcessorOptions()).receive(first)
+    assert reply.WhichOneof("response") == "request_headers"
+    assert destinations(reply) == []
