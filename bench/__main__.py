@@ -47,9 +47,29 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--trace-block-tokens", type=int, default=512, help="tokens per hash id in a trace:PATH")
     p.add_argument("--trace-token-scale", type=float, default=0.125, help="shrink trace lengths by this factor")
     p.add_argument("--trace-count", type=int, default=240, help="requests replayed from a trace:PATH")
+    p.add_argument(
+        "--picker-set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override our pickers' config (YAML value), e.g. scheduling.kv_pressure_threshold=1.0",
+    )
     p.add_argument("--report-only", type=Path, default=None, help="re-render the report of a results folder")
     p.add_argument("--no-plots", action="store_true", help="report without PNG plots")
     return p
+
+
+def _picker_set(items: list[str]) -> dict[str, dict[str, object]]:
+    import yaml
+
+    out: dict[str, dict[str, object]] = {}
+    for item in items:
+        path, _, value = item.partition("=")
+        section, _, key = path.partition(".")
+        if not section or not key or not _:
+            raise SystemExit(f"--picker-set wants SECTION.KEY=VALUE, got {item!r}")
+        out.setdefault(section, {})[key] = yaml.safe_load(value)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             workloads=workloads, policies=policies, quick=args.quick, seed=args.seed, out=out,
             workdir=args.workdir or Path(tmp), concurrency=args.concurrency, request_timeout_s=timeout,
             rates=[float(r) for r in args.rates.split(",")] if args.rates else None, auto=args.policies == "auto",
+            picker_set=_picker_set(args.picker_set),
             command="python -m bench " + shlex.join(argv if argv is not None else sys.argv[1:]),
         )  # fmt: skip
         run(opts)

@@ -110,13 +110,14 @@ class RouterUnavailable(RuntimeError):
     """The policy cannot run here (missing binary, failed start); the message says why."""
 
 
-def start_router(policy: Policy, backends: Backends, workdir: Path) -> Router:
+def start_router(policy: Policy, backends: Backends, workdir: Path, picker_set: dict[str, Any] | None = None) -> Router:
+    """``picker_set``: ``{section: {key: value}}`` merged over every picker's config (``--picker-set``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     if policy.kind == "envoy":
         envoy = _start_envoy(policy.envoy_kind, backends.addresses, [], workdir)
         return Router(policy, envoy.url(), [], _pid(envoy), [envoy])
     if policy.kind == "picker":
-        return _start_pickers(policy, backends, workdir)
+        return _start_pickers(policy, backends, workdir, picker_set or {})
     if policy.kind in ("sglang", "vllm"):
         return _start_peer(policy, backends, workdir)
     raise ValueError(policy.kind)
@@ -143,11 +144,13 @@ def _start_envoy(kind: str, backends: list[str], pickers: list[tuple[str, int]],
     raise AssertionError("unreachable")
 
 
-def _start_pickers(policy: Policy, backends: Backends, workdir: Path) -> Router:
+def _start_pickers(policy: Policy, backends: Backends, workdir: Path, picker_set: dict[str, Any]) -> Router:
     stoppers: list[Any] = []
     router_pids: list[int] = []
     try:
         overrides = json.loads(json.dumps(policy.picker_overrides))  # deep copy
+        for section, values in picker_set.items():
+            overrides.setdefault(section, {}).update(values)
         sched = overrides.setdefault("scheduling", {})
         for key, value in scheduling_for(backends.fleet.time_scale).items():
             sched.setdefault(key, value)

@@ -45,6 +45,7 @@ class RunOptions:
     request_timeout_s: float = 60.0
     command: str = ""
     auto: bool = False  # --policies auto: CONTENDERS only, except on tenants
+    picker_set: dict[str, Any] = field(default_factory=dict)  # --picker-set: {section: {key: value}}
     log: Callable[[str], None] = field(default=lambda s: print(s, file=sys.stderr, flush=True))
 
 
@@ -87,6 +88,7 @@ def run(opts: RunOptions) -> dict[str, Any]:
         "meta": {
             "command": opts.command, "seed": opts.seed, "quick": opts.quick, "started_utc": _utc(),
             "machine": machine(), "versions": _versions(), "git_commit": _git_commit(),
+            "picker_set": opts.picker_set,
             "time_note": "absolute times are the simulator's (H100/Llama-3-8B roofline, slowed by each "
                          "workload's time scale), measured by the client through the router",
         },
@@ -163,7 +165,7 @@ def _run_policy(w: Workload, name: str, rates: list[float], plans: list[Any], ba
                 opts: RunOptions, workdir: Path) -> dict[str, Any]:  # fmt: skip
     policy = POLICIES[name]
     try:
-        router = start_router(policy, backends, workdir / name)
+        router = start_router(policy, backends, workdir / name, opts.picker_set)
     except (RouterUnavailable, ProcessStartError, EnvoyStartError, OSError) as exc:
         opts.log(f"[{w.name}] {name}: unavailable: {exc}")
         return {"status": "unavailable", "reason": str(exc)[-800:], "cells": []}
