@@ -27,6 +27,9 @@ REASON_HEADER = "x-router-reason"
 CACHED_TOKENS_HEADER = "x-router-cached-tokens"
 """Request header the picker may set with the expected cached prefix tokens (logged only)."""
 
+PICKER_HEALTH_SERVICE = "readiness"
+"""The picker's gRPC health service Envoy checks (NOT_SERVING until its first scrape round, and while stopping)."""
+
 # Cluster names in the rendered bootstrap; tests read counters such as cluster.picked.upstream_rq_retry.
 PICKER_CLUSTER = "extproc"
 MODEL_CLUSTER = "picked"

@@ -199,6 +199,13 @@ def test_wire_names_match_the_picker() -> None:
     )
     assert (keys.SUBSET_NAMESPACE, keys.SUBSET_KEY) == (c.SUBSET_HINT_NAMESPACE, c.SUBSET_HINT_KEY)
     assert (keys.REASON_HEADER, keys.CACHED_TOKENS_HEADER) == (router.HEADER_REASON, router.HEADER_CACHED)
+    assert keys.PICKER_HEALTH_SERVICE == c.HEALTH_READINESS
+
+
+def test_envoy_health_checks_the_pickers_readiness() -> None:
+    picker = next(c for c in render_bootstrap(_opts())["static_resources"]["clusters"] if c["name"] == keys.PICKER_CLUSTER)
+    (check,) = picker["health_checks"]
+    assert check["grpc_health_check"]["service_name"] == "readiness"
 
 
 def test_yaml_round_trips() -> None:
