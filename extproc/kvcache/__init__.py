@@ -7,4 +7,8 @@ Write path (precise mode): engine PUB -> ``subscriber`` (one ZMQ SUB per endpoin
 ``replay``, restart and reconnect handling) -> ``events`` (the only module that knows vLLM's msgpack) ->
 ``ingest`` (tier/group filter, self-check trust, coalesced writes) -> ``PrefixIndex`` store/remove/clear.
 ``feed`` assembles the write path from the config for the app.
+
+Many replicas on one Redis: ``lease`` (Redis implementation of ``gate.WriteGate``) lets exactly one replica
+write each endpoint's stream, fences a deposed writer inside the write scripts, and stores the last applied
+batch so a new writer resumes from it through the engine's replay socket.
 """
