@@ -180,12 +180,18 @@ class Router:
         if not tokens or not self._s.use_index:
             return []
         tokens = tokens[: self._s.max_blocks * scheme.block_size]
-        if len(tokens) <= _INLINE_HASH_BLOCKS * scheme.block_size:
-            return self._d.hasher(scheme, tokens, prepared.lora, prepared.cache_salt)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._d.executor, self._d.hasher, scheme, tokens, prepared.lora, prepared.cache_salt
-        )
+        try:
+            if len(tokens) <= _INLINE_HASH_BLOCKS * scheme.block_size:
+                return self._d.hasher(scheme, tokens, prepared.lora, prepared.cache_salt)
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(
+                self._d.executor, self._d.hasher, scheme, tokens, prepared.lora, prepared.cache_salt
+            )
+        except UnicodeEncodeError:
+            # sha256_cbor cannot encode a cache_salt holding a lone surrogate (JSON "\ud800"): no block keys
+            # exist for it (vLLM cannot hash it either), so the request is routed by load.
+            log.debug("request with a cache_salt sha256_cbor cannot encode: routing by load")
+            return []
 
     async def _lookup(self, hashes: Sequence[BlockHash], endpoints: Sequence[EndpointId]) -> dict[EndpointId, int]:
         """Leading cached blocks per endpoint: event-fed endpoints from the precise index (plus our short-lived
