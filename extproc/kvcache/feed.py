@@ -25,11 +25,17 @@ from extproc.types import BlockHash, EndpointId, HashScheme
 
 
 class _ClearsBoth:
-    """The precise index as ingest sees it: writes go to ``precise``; ``clear`` empties ``approx`` too."""
+    """The precise index as ingest sees it: writes go to ``precise``; ``clear`` empties ``approx`` too.
 
-    def __init__(self, precise: PrefixIndex, approx: PrefixIndex) -> None:
+    Except when the purge only repeats one the index could not take (``index_retry``): then the engine's cache
+    did not change, and the guesses we made while the index was down are still our best knowledge. ``approx``
+    is cleared first, so a purge for a real engine event clears our guesses even when the precise index is down.
+    """
+
+    def __init__(self, precise: PrefixIndex, approx: PrefixIndex, index_retry: Callable[[EndpointId], bool]) -> None:
         self._precise = precise
         self._approx = approx
+        self._index_retry = index_retry
 
     async def match(self, hashes: Sequence[BlockHash], endpoints: Collection[EndpointId]) -> Mapping[EndpointId, int]:
         return await self._precise.match(hashes, endpoints)
@@ -41,8 +47,9 @@ class _ClearsBoth:
         await self._precise.remove(endpoint, hashes)
 
     async def clear(self, endpoint: EndpointId) -> None:
+        if not self._index_retry(endpoint):
+            await self._approx.clear(endpoint)
         await self._precise.clear(endpoint)
-        await self._approx.clear(endpoint)
 
     async def close(self) -> None:  # the App closes both indexes itself
         return None
@@ -77,7 +84,7 @@ class EventFeed:
         self._sources = list(sources)
         self.leases = leases
         writes = precise if leases is None else leases.writes()
-        self.ingest = Ingest(_ClearsBoth(writes, approx), scheme_for)
+        self.ingest = Ingest(_ClearsBoth(writes, approx, lambda e: self.ingest.state(e).needs_purge), scheme_for)
         self.subscriber = KvEventSubscriber(self.ingest, options=options, gate=leases)
 
     def start(self) -> None:
