@@ -136,6 +136,7 @@ class App:
                 tenant_header=config.tenants.header.lower(),
                 max_blocks=config.index.max_blocks,
                 use_index=config.index.enabled,
+                log_prompts=config.logging.log_prompts,
                 track_served=not config.protocol.close_after_pick,
             ),
         )

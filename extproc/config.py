@@ -180,7 +180,9 @@ class ProtocolConfig(_Strict):
 
 class LoggingConfig(_Strict):
     level: str = "INFO"
-    log_prompts: bool = Field(False, description="include prompt text in logs (off: privacy)")
+    log_prompts: bool = Field(
+        False, description="decision lines carry the first 512 bytes of the body (prompt text); off: privacy"
+    )
 
 
 class RouterConfig(_Strict):

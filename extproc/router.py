@@ -48,6 +48,7 @@ LLM_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 HEADER_REASON = "x-router-reason"
 HEADER_CACHED = "x-router-cached-tokens"
 HEADER_PROMPT = "x-router-prompt-tokens"
+_LOGGED_BODY_BYTES = 512
 _INLINE_HASH_BLOCKS = 512  # longer prompts (~0.6 ms+) are hashed off the event loop
 _SERVED_MEMORY = 1024  # picks remembered until Envoy reports the served endpoint (oldest forgotten first)
 
@@ -73,6 +74,7 @@ class RouterSettings:
     burst_mark_ttl_s: float = 2.0
     tenant_header: str = "x-gateway-inference-fairness-id"
     max_blocks: int = 8192
+    log_prompts: bool = False  # the decision line carries the body's first bytes (prompt text): opt-in only
     use_index: bool = True  # False: load-only routing (no hashing, no lookups)
     track_served: bool = False  # remember picks so ``on_served`` can compare (GIE response path)
 
@@ -301,9 +303,13 @@ class Router:
         for phase, seconds in timer.phases().items():
             m.phase_seconds.labels(phase).observe(seconds)
         if log.isEnabledFor(logging.INFO):
+            extra = (
+                {"body_head": request.body[:_LOGGED_BODY_BYTES].decode(errors="replace")} if self._s.log_prompts else {}
+            )
             log.info(
                 json.dumps(
                     {
+                        **extra,
                         "request_id": request.request_id,
                         "model": routing.model,
                         "tenant": routing.tenant.id,

@@ -188,3 +188,13 @@ async def test_load_only_mode_never_hashes_or_looks_up() -> None:
     assert isinstance(first, Route) and isinstance(second, Route)
     assert second.headers["x-router-reason"] == "load"
     assert router._d.metrics.index_failures.labels("approx")._value.get() == 0
+
+
+async def test_prompt_text_is_logged_only_when_asked(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="extproc.decision")
+    quiet, _, _ = make_router()
+    await quiet.route(post(b'{"secret prompt": 1}'))
+    assert "secret prompt" not in caplog.text
+    loud, _, _ = make_router(settings=RouterSettings(log_prompts=True))
+    await loud.route(post(b'{"secret prompt": 1}'))
+    assert "secret prompt" in caplog.text
