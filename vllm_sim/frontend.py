@@ -26,12 +26,14 @@ def error_response(err: ApiError) -> web.Response:
 
 
 async def read_json(request: web.Request) -> dict[str, Any]:
-    """The request body as a JSON object; raises ApiError(400) otherwise."""
+    """The request body as a JSON object; raises ApiError(400) otherwise (deep nesting too)."""
     raw = await request.read()
     try:
         body = _json_decoder.decode(raw)
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"Invalid JSON body: {exc}") from None
+    except RecursionError:  # nesting deeper than the decoder's stack: still the client's bad JSON
+        raise ApiError(400, "Invalid JSON body: nested too deeply") from None
     if not isinstance(body, dict):
         raise ApiError(400, "The request body must be a JSON object")
     return body
