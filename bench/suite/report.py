@@ -222,6 +222,8 @@ def render(doc: dict[str, Any], plots: list[str], notes: str = "") -> str:
         f"Machine: {m['cpus']} CPUs ({m['cpu_model']}), {m['platform']}, Python {m['python']}; "
         "shared with other jobs, so small differences are noise.",
         f"Peers: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}.",
+        *([f"Uncommitted changes at start: {', '.join(meta['dirty_paths'])}."] if meta.get("dirty_paths") else []),
+        *([f"Picker overrides: `{meta['picker_set']}`."] if meta.get("picker_set") else []),
         "",
         "**Absolute times are the simulator's**: an H100/Llama-3-8B roofline model (`vllm-sim`), slowed by each "
         "workload's time scale, measured by one asyncio client through each router on 127.0.0.1. Compare "

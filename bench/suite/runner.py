@@ -74,6 +74,18 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def _dirty_paths() -> list[str]:
+    """Uncommitted changes to the code a run exercises (the picker, the simulator, the suite): a run on a dirty
+    tree is not reproducible from its commit alone, so results.json says so."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--", "extproc", "vllm_sim", "bench"],
+                             capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parents[2]).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line[3:] for line in out.splitlines() if not line[3:].startswith("bench/results")]
+
+
 def _git_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -88,7 +100,7 @@ def run(opts: RunOptions) -> dict[str, Any]:
         "meta": {
             "command": opts.command, "seed": opts.seed, "quick": opts.quick, "started_utc": _utc(),
             "machine": machine(), "versions": _versions(), "git_commit": _git_commit(),
-            "picker_set": opts.picker_set,
+            "picker_set": opts.picker_set, "dirty_paths": _dirty_paths(),
             "time_note": "absolute times are the simulator's (H100/Llama-3-8B roofline, slowed by each "
                          "workload's time scale), measured by the client through the router",
         },
