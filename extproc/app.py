@@ -29,6 +29,7 @@ from extproc.kvcache.hashing import BlockHasher
 from extproc.kvcache.index import PrefixIndex
 from extproc.kvcache.lease import StreamLeases
 from extproc.kvcache.memory_index import MemoryPrefixIndex
+from extproc.kvcache.mirrored_index import MirroredIndex
 from extproc.kvcache.redis_index import RedisPrefixIndex
 from extproc.kvcache.subscriber import EventSource
 from extproc.observability import CountersCollector, PreciseGauge, RouterMetrics
@@ -66,6 +67,7 @@ def build_profile(config: RouterConfig) -> Profile:
         decode_slowdown_per_running=s.decode_slowdown_per_running,
         request_overhead_s=s.request_overhead_s,
         kv_pressure_threshold=s.kv_pressure_threshold,
+        kv_penalty_s=s.kv_penalty_s,
     )
     if s.profile == "weighted":
         return WeightedProfile(weights=dict(s.weights), params=params, fallbacks=s.fallbacks)
@@ -101,7 +103,7 @@ class App:
             if idx.backend == "redis" and idx.redis_url
             else None
         )
-        self.approx: PrefixIndex = MemoryPrefixIndex(capacity_blocks=self._approx_capacity)
+        self.approx: PrefixIndex = self._build_approx_index()
         self.executor = ThreadPoolExecutor(config.limits.tokenizer_workers, thread_name_prefix="tokenize")
         # Hashing gets its own thread: behind busy tokenizer threads it queued for tens of ms under load.
         self.hash_executor = ThreadPoolExecutor(1, thread_name_prefix="hash")
@@ -224,6 +226,21 @@ class App:
         if self.feed.leases is not None:
             groups.append(("lease", self.feed.leases.counters))
         return groups
+
+    def _build_approx_index(self) -> PrefixIndex:
+        """Our own guesses and burst marks: in memory; with Redis, mirrored there too, so a replica sees what
+        another one routed a moment ago (before the engine's events confirm it)."""
+        local = MemoryPrefixIndex(capacity_blocks=self._approx_capacity)
+        idx = self.config.index
+        if idx.backend != "redis" or not idx.redis_url:
+            return local
+        shared = RedisPrefixIndex.from_url(
+            idx.redis_url,
+            namespace=f"{idx.redis_namespace}-approx",
+            timeout_s=idx.redis_timeout_s,
+            capacity_blocks=self._approx_capacity,
+        )
+        return MirroredIndex(local, shared, shared_timeout_s=0.8 * idx.lookup_deadline_s)
 
     def _scheme_of(self, eid: EndpointId) -> HashScheme | None:
         """The hash scheme an endpoint's engine should use: that of the (first) model it serves."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -102,7 +103,14 @@ class SchedulingConfig(_Strict):
         0.004, ge=0, description="fractional prefill slowdown per running request (batch interference)"
     )
     request_overhead_s: float = Field(0.01, ge=0, description="fixed per-request cost in the queue")
-    kv_pressure_threshold: float = Field(0.9, ge=0, le=1, description="KV usage above which waits grow")
+    kv_pressure_threshold: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="KV usage above which the estimate adds up to kv_penalty_s; 1.0 = off (the default: on "
+        "prefix-heavy fleets every warm backend runs near full, and spilling for it copies prefixes and evicts more)",
+    )
+    kv_penalty_s: float = Field(1.0, ge=0, description="the estimate's delay at 100% KV usage, past the threshold")
     stickiness_s: float = Field(
         0.05, ge=0, description="prefer the warmest endpoint while its estimate is within this of the best"
     )
@@ -140,7 +148,11 @@ class TenantsConfig(_Strict):
 class IndexConfig(_Strict):
     enabled: bool = Field(True, description="false: route by load alone (no hashing, no lookups)")
     backend: Literal["memory", "redis"] = "memory"
-    redis_url: str | None = Field(None, description="redis://[:password@]host:port/db or rediss:// (TLS)")
+    redis_url: str | None = Field(
+        None,
+        description="redis://[:password@]host:port/db or rediss:// (TLS); redis+cluster://[:password@]host:port "
+        "(or rediss+cluster://) for a Redis Cluster, any node as the seed (db 0 only)",
+    )
     redis_namespace: str = Field("kvidx", description="key prefix (and Redis Cluster hash tag) of this pool")
     redis_timeout_s: float = Field(0.05, gt=0, description="per Redis call; lookups also obey lookup_deadline_s")
     event_leases: bool = Field(
@@ -211,6 +223,9 @@ class RouterConfig(_Strict):
             raise ValueError("model and adapter names must be unique")
         if self.index.backend == "redis" and not self.index.redis_url:
             raise ValueError("index.redis_url is required with index.backend=redis")
+        url = self.index.redis_url or ""
+        if url.split("://", 1)[0].lower().endswith("+cluster") and urlsplit(url).path.strip("/") not in ("", "0"):
+            raise ValueError("index.redis_url: a Redis Cluster has only db 0")
         return self
 
 

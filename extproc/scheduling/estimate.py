@@ -18,7 +18,7 @@ class EstimatorParams:
     prefill_tokens_per_s: float = 12000.0
     decode_slowdown_per_running: float = 0.004
     request_overhead_s: float = 0.01
-    kv_pressure_threshold: float = 0.9
+    kv_pressure_threshold: float = 1.0  # off: see SchedulingConfig.kv_pressure_threshold
     kv_penalty_s: float = 1.0
     unknown_load_penalty_s: float = 1.0
 

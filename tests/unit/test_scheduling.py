@@ -70,10 +70,10 @@ def test_unknown_load_is_not_idle() -> None:
     )
 
 
-def test_kv_pressure_adds_delay() -> None:
-    assert estimate_ttft_s(cand(A, kv=0.99), 1600, 16, PARAMS) > estimate_ttft_s(
-        cand(A, kv=0.5), 1600, 16, PARAMS
-    )
+def test_kv_pressure_adds_delay_only_when_switched_on() -> None:
+    on = EstimatorParams(prefill_tokens_per_s=10000.0, kv_pressure_threshold=0.9)
+    assert estimate_ttft_s(cand(A, kv=0.99), 1600, 16, on) > estimate_ttft_s(cand(A, kv=0.5), 1600, 16, on)
+    assert estimate_ttft_s(cand(A, kv=0.99), 1600, 16, PARAMS) == estimate_ttft_s(cand(A, kv=0.5), 1600, 16, PARAMS)
 
 
 TABLE = [

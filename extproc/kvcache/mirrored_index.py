@@ -1,0 +1,63 @@
+"""The approximate index when replicas share Redis: our guesses and burst marks in memory *and* in Redis.
+
+Each replica's own guesses answer at memory speed and survive a Redis outage; the shared copy lets a request
+that another replica routed a moment ago (before the engine's ``BlockStored`` arrives) follow its sibling
+instead of copying the prefix to a second backend. ``match`` takes, per endpoint, the longer of the two runs.
+Shared failures never fail a call: the local answer stands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Collection, Mapping, Sequence
+
+from extproc.kvcache.index import IndexUnavailable, PrefixIndex
+from extproc.types import BlockHash, EndpointId
+
+log = logging.getLogger(__name__)
+
+
+class MirroredIndex:
+    """A ``PrefixIndex`` over ``local`` (authoritative for availability) and ``shared`` (best effort)."""
+
+    def __init__(self, local: PrefixIndex, shared: PrefixIndex, *, shared_timeout_s: float) -> None:
+        self._local = local
+        self._shared = shared
+        self._timeout_s = shared_timeout_s  # below the router's lookup deadline, so local guesses always count
+
+    async def match(self, hashes: Sequence[BlockHash], endpoints: Collection[EndpointId]) -> Mapping[EndpointId, int]:
+        local, shared = await asyncio.gather(self._local.match(hashes, endpoints), self._quiet_match(hashes, endpoints))
+        return {e: max(local.get(e, 0), shared.get(e, 0)) for e in {*local, *shared}}
+
+    async def _quiet_match(
+        self, hashes: Sequence[BlockHash], endpoints: Collection[EndpointId]
+    ) -> Mapping[EndpointId, int]:
+        try:
+            return await asyncio.wait_for(self._shared.match(hashes, endpoints), self._timeout_s)
+        except (IndexUnavailable, TimeoutError) as exc:
+            log.debug("shared approximate index unavailable: %s", exc)
+            return {}
+
+    async def store(self, endpoint: EndpointId, hashes: Sequence[BlockHash], *, ttl_s: float | None = None) -> None:
+        await self._local.store(endpoint, hashes, ttl_s=ttl_s)
+        await self._quietly(self._shared.store(endpoint, hashes, ttl_s=ttl_s))
+
+    async def remove(self, endpoint: EndpointId, hashes: Sequence[BlockHash]) -> None:
+        await self._local.remove(endpoint, hashes)
+        await self._quietly(self._shared.remove(endpoint, hashes))
+
+    async def clear(self, endpoint: EndpointId) -> None:
+        await self._local.clear(endpoint)
+        await self._quietly(self._shared.clear(endpoint))
+
+    async def close(self) -> None:
+        await self._local.close()
+        await self._shared.close()
+
+    @staticmethod
+    async def _quietly(call: object) -> None:
+        try:
+            await call  # type: ignore[misc]
+        except IndexUnavailable as exc:
+            log.debug("shared approximate index unavailable: %s", exc)
