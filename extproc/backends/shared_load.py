@@ -18,9 +18,9 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
+from extproc.kvcache.redis_index import RedisClient, redis_client
 from extproc.types import EndpointId
 
 # KEYS[1] = {ns}:load; ARGV[1] = rate (tokens/s); ARGV[2] = add (tokens, may be 0); ARGV[3..] = endpoints.
@@ -57,9 +57,7 @@ class SharedLoadUnavailable(Exception):
 class SharedLoad:
     """The shared virtual queues. ``prefill_tokens_per_s`` must be the same on every replica."""
 
-    def __init__(
-        self, client: aioredis.Redis, *, namespace: str, prefill_tokens_per_s: float, timeout_s: float
-    ) -> None:
+    def __init__(self, client: RedisClient, *, namespace: str, prefill_tokens_per_s: float, timeout_s: float) -> None:
         self._r = client
         self._key = f"{{{namespace}}}:load"
         self._rate = prefill_tokens_per_s
@@ -68,7 +66,7 @@ class SharedLoad:
 
     @classmethod
     def from_url(cls, url: str, *, namespace: str, prefill_tokens_per_s: float, timeout_s: float) -> SharedLoad:
-        client = aioredis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        client = redis_client(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         return cls(client, namespace=namespace, prefill_tokens_per_s=prefill_tokens_per_s, timeout_s=timeout_s)
 
     async def queued(self, endpoints: Sequence[EndpointId]) -> Mapping[EndpointId, float]:
@@ -96,5 +94,5 @@ class SharedLoad:
                 return await awaitable
         except TimeoutError:
             raise SharedLoadUnavailable(f"redis: no answer within {self._timeout_s}s") from None
-        except (RedisError, OSError) as exc:
+        except (RedisError, RedisClusterException, OSError) as exc:  # the cluster's own are not RedisErrors
             raise SharedLoadUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc

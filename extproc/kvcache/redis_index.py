@@ -45,9 +45,17 @@ Key schema (``ns`` = the namespace, default ``"kvidx"``; ``<h>`` = a BlockHash a
   further endpoint holding it; with a ttl (``x`` too) ~189 and ~147; with a ttl and a capacity (``z`` too)
   ~270 per new block. The 8-byte binary hash (not its 20-digit decimal) keeps fields short.
 
-Redis Cluster: every key carries the hash tag ``{ns}``, so one namespace lives in **one slot**: each script's
-keys are declared and never cross slots, and a lookup runs on one shard. The trade-off: one namespace is
-bounded by one shard's memory and CPU; scale out by namespace (e.g. one per model pool), not by key.
+Redis Cluster: set ``index.redis_url`` to ``redis+cluster://[:password@]host:port`` (``rediss+cluster://`` for
+TLS; any one node, the client discovers the rest; db 0 only) and this index, the shared load
+(``shared_load.py``) and the event-stream leases (``lease.py``, on this index's client) use
+``redis.asyncio.RedisCluster`` (``redis_client``). Every key carries the hash tag ``{ns}``, so one namespace
+lives in **one slot**: every script declares all the keys it touches in KEYS (no key name is built inside
+Lua), they all share the tag, so each EVALSHA is routed by its slot to one node and never crosses slots.
+The trade-off: one namespace = one slot = one shard, so a namespace is bounded by one shard's memory and CPU,
+and its load is not spread by adding nodes; scale out **by namespace** (e.g. one per model pool or fleet:
+``index.redis_namespace``), and place namespaces on nodes by their slot (CRC16 of ``ns`` mod 16384).
+Replicas/failover are the cluster's own; a node down makes its namespaces ``IndexUnavailable`` (as with one
+server). ``tests/contract`` runs the contract suite on a local 3-node cluster (``tests/support/valkey_cluster.py``).
 
 Every call has a deadline (``timeout_s``); any Redis or network failure raises ``IndexUnavailable``.
 Hashes must be in ``[0, 2**64)`` (``BlockHash``'s contract).
@@ -62,7 +70,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 from redis.retry import Retry
 
 from extproc.kvcache import redis_lua as lua
@@ -74,6 +82,19 @@ _CLEAR_SLICE = 10_000  # entries a clear script call removes (bounds how long on
 _CLEAR_MAX_CALLS = 100_000  # bound on clear's loop (1e9 entries); a concurrent writer cannot keep it alive
 
 
+RedisClient = aioredis.Redis | aioredis.RedisCluster  # what the index, the shared load and the leases run on
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")  # a URL with one of these talks to a Redis Cluster
+
+
+def redis_client(url: str, **kwargs: Any) -> RedisClient:
+    """A client for ``url``, without connecting: ``redis[s]://...`` gives a plain ``Redis``;
+    ``redis[s]+cluster://host:port`` (any one node, a seed) gives a ``RedisCluster`` that discovers the others."""
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme.lower() in CLUSTER_SCHEMES:
+        return aioredis.RedisCluster.from_url(scheme[: -len("+cluster")] + "://" + rest, **kwargs)
+    return aioredis.Redis.from_url(url, **kwargs)
+
+
 class FencedOut(IndexUnavailable):
     """A fenced write was refused: the token is not the endpoint's current lease token (a deposed owner)."""
 
@@ -81,14 +102,14 @@ class FencedOut(IndexUnavailable):
 class RedisPrefixIndex:
     """A ``PrefixIndex`` in Redis or Valkey (>= 7). Build it with ``connect``, or inject a client.
 
-    ``client`` must be a ``redis.asyncio.Redis`` returning bytes (``decode_responses=False``) with its own
-    socket timeouts; ``timeout_s`` is the overall deadline of each call. ``capacity_blocks`` as in
+    ``client`` must be a ``redis.asyncio.Redis`` or ``RedisCluster`` returning bytes (``decode_responses=False``)
+    with its own socket timeouts; ``timeout_s`` is the overall deadline of each call. ``capacity_blocks`` as in
     ``MemoryPrefixIndex`` (``None``: no LRU bound; ttl entries are still reclaimed lazily).
     """
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: RedisClient,
         *,
         namespace: str = "kvidx",
         timeout_s: float = 0.5,
@@ -117,7 +138,7 @@ class RedisPrefixIndex:
     ) -> RedisPrefixIndex:
         """An index on ``url`` that connects lazily: never fails here, so a router can start while Redis is
         down (its calls raise IndexUnavailable until Redis answers; scripts load on first use)."""
-        client = aioredis.Redis.from_url(
+        client = redis_client(
             url,
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,
@@ -245,7 +266,7 @@ class RedisPrefixIndex:
                 return await awaitable
         except TimeoutError:
             raise IndexUnavailable(f"redis: no answer within {self._timeout_s}s") from None
-        except (RedisError, OSError) as exc:
+        except (RedisError, RedisClusterException, OSError) as exc:  # the cluster's own are not RedisErrors
             raise IndexUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from extproc.kvcache.index import PrefixIndex
 from extproc.kvcache.memory_index import MemoryPrefixIndex
+from tests.support.valkey_cluster import ValkeyCluster
 
 
 class FakeClock:
@@ -60,7 +61,7 @@ def _memory_harness() -> Harness:
     return h
 
 
-def _redis_harness(url: str) -> Harness:
+def _redis_harness(url: str, name: str = "redis") -> Harness:
     from extproc.kvcache.redis_index import RedisPrefixIndex
 
     async def make(**kwargs: Any) -> PrefixIndex:
@@ -71,7 +72,7 @@ def _redis_harness(url: str) -> Harness:
     async def advance(seconds: float) -> None:
         await asyncio.sleep(seconds)
 
-    h = Harness("redis", make, advance, ttl_unit_s=1.0, supports_capacity=True)  # margin for busy CI
+    h = Harness(name, make, advance, ttl_unit_s=1.0, supports_capacity=True)  # margin for busy CI
     return h
 
 
@@ -88,13 +89,28 @@ def valkey_url() -> Iterator[str]:
         server.stop(timeout=10.0)
 
 
-BACKENDS = ["memory", pytest.param("redis", marks=pytest.mark.redis)]
+@pytest.fixture(scope="session")
+def valkey_cluster() -> Iterator[ValkeyCluster]:
+    """A local 3-primary Valkey Cluster (tests/support/valkey_cluster.py) for the session, stopped at the end."""
+    with ValkeyCluster() as cluster:
+        yield cluster
+
+
+BACKENDS = [
+    "memory",
+    pytest.param("redis", marks=pytest.mark.redis),
+    pytest.param("redis-cluster", marks=pytest.mark.redis),
+]
 
 
 @pytest.fixture(params=BACKENDS)
 async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
-    redis = request.param == "redis"
-    h = _redis_harness(request.getfixturevalue("valkey_url")) if redis else _memory_harness()
+    if request.param == "redis":
+        h = _redis_harness(request.getfixturevalue("valkey_url"))
+    elif request.param == "redis-cluster":  # each test's fresh namespace lands on whichever node owns its slot
+        h = _redis_harness(request.getfixturevalue("valkey_cluster").url, "redis-cluster")
+    else:
+        h = _memory_harness()
     try:
         yield h
     finally:
