@@ -91,7 +91,7 @@ class Probes:
             doc = document(f"probe{self.n}")
             self.n += 1
             await post(self.session, f"http://{target}", doc, "summary?")
-            await asyncio.sleep(0.3)  # its BlockStored: engine -> the holder's subscriber -> Redis
+            await asyncio.sleep(1.0)  # its BlockStored: engine -> the holder's subscriber -> Redis (slack for busy CI)
             host, cached = await post(self.session, self.stack.url, doc, "and the follow-up?")
             self.sent += 1
             if self.stack.envoys["picker"].wait_for_access_log(self.sent)[self.sent - 1].reason:
