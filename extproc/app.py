@@ -240,7 +240,7 @@ class App:
             timeout_s=idx.redis_timeout_s,
             capacity_blocks=self._approx_capacity,
         )
-        return MirroredIndex(local, shared, shared_timeout_s=0.8 * idx.lookup_deadline_s)
+        return MirroredIndex(local, shared, shared_timeout_s=idx.lookup_deadline_s)  # router allows 2x for approx
 
     def _scheme_of(self, eid: EndpointId) -> HashScheme | None:
         """The hash scheme an endpoint's engine should use: that of the (first) model it serves."""

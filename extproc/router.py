@@ -212,8 +212,11 @@ class Router:
     ) -> Mapping[EndpointId, int]:
         if not endpoints:
             return {}
+        # The approximate index answers from memory (a Redis mirror, if any, has its own shorter timeout inside),
+        # so it gets twice the deadline: a busy event loop must not throw our own guesses away with the mirror.
+        deadline = self._s.lookup_deadline_s * (2 if name == "approx" else 1)
         try:
-            return await asyncio.wait_for(index.match(hashes, endpoints), self._s.lookup_deadline_s)
+            return await asyncio.wait_for(index.match(hashes, endpoints), deadline)
         except (TimeoutError, IndexUnavailable) as exc:
             self._d.metrics.index_failures.labels(name).inc()
             log.debug("index %s lookup failed: %s", name, exc)
