@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from extproc.tasks import stop_task
 from extproc.types import EndpointId
 
 log = logging.getLogger(__name__)
@@ -219,9 +220,7 @@ class DnsDiscovery:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
 
     async def _loop(self) -> None:
         while True:

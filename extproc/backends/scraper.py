@@ -7,7 +7,6 @@ state and backed off by the interval, never raised.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Mapping
 
@@ -15,6 +14,7 @@ import aiohttp
 
 from extproc.backends.registry import EndpointRegistry
 from extproc.backends.vllm_metrics import MetricsParseError, parse_metrics
+from extproc.tasks import stop_task
 from extproc.types import EndpointId
 
 log = logging.getLogger(__name__)
@@ -75,8 +75,7 @@ class Scraper:
         for task in tasks:
             task.cancel()
         for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop_task(task)
         if self._session:
             await self._session.close()
 

@@ -52,6 +52,7 @@ from typing import Any
 from extproc.kvcache.gate import Position, digest
 from extproc.kvcache.index import IndexUnavailable, PrefixIndex
 from extproc.kvcache.redis_index import FencedOut, RedisPrefixIndex
+from extproc.tasks import stop_task
 from extproc.types import BlockHash, EndpointId
 
 log = logging.getLogger(__name__)
@@ -146,9 +147,7 @@ class StreamLeases:
         """Stop the keeper and release every lease held (call after the stream tasks are stopped). Without
         ``release`` the leases are left to expire, as after a crash (tests)."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
             self._task = None
         for endpoint in list(self._leases):
             if release:

@@ -52,6 +52,7 @@ from extproc.kvcache import replay
 from extproc.kvcache.events import EventDecodeError, ReplayItem, decode_batch, parse_frames
 from extproc.kvcache.gate import WriteGate
 from extproc.kvcache.ingest import Ingest
+from extproc.tasks import stop_task
 from extproc.types import EndpointId
 
 log = logging.getLogger(__name__)
@@ -169,7 +170,7 @@ class KvEventSubscriber:
         stream = self._streams.pop(endpoint, None)
         if stream is None:
             return
-        await _cancel(stream.task)
+        await stop_task(stream.task)
         if clear:
             await self.ingest.purge(endpoint, "endpoint removed")
         self.ingest.forget(endpoint)
@@ -207,7 +208,7 @@ class KvEventSubscriber:
         """Stop every task and close every socket."""
         streams, self._streams = list(self._streams.values()), {}
         for stream in streams:
-            await _cancel(stream.task)
+            await stop_task(stream.task)
         if self._own_context:
             self._ctx.destroy(linger=0)
 
@@ -417,11 +418,3 @@ class KvEventSubscriber:
         if now >= stream.next_warn_s:
             stream.next_warn_s = now + self.options.warn_every_s
             log.warning("kv events: %s: " + msg, stream.source.endpoint, *args)
-
-
-async def _cancel(task: asyncio.Task[None] | None) -> None:
-    if task is None or task.done():
-        return
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
