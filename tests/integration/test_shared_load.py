@@ -19,9 +19,9 @@ def replica(url: str, ns: str, rate: float = 1000.0) -> SharedLoad:
     return SharedLoad.from_url(url, namespace=ns, prefill_tokens_per_s=rate, timeout_s=0.5)
 
 
-async def test_two_replicas_share_and_drain(valkey_url: str) -> None:
+async def test_two_replicas_share_and_drain(server_url: str) -> None:
     ns = uuid.uuid4().hex[:8]
-    one, two = replica(valkey_url, ns), replica(valkey_url, ns)
+    one, two = replica(server_url, ns), replica(server_url, ns)
     try:
         await one.add(A, 2000)
         await two.add(A, 1000)
@@ -37,9 +37,9 @@ async def test_two_replicas_share_and_drain(valkey_url: str) -> None:
         await two.close()
 
 
-async def test_a_burst_from_two_replicas_adds_up_atomically(valkey_url: str) -> None:
+async def test_a_burst_from_two_replicas_adds_up_atomically(server_url: str) -> None:
     ns = uuid.uuid4().hex[:8]
-    replicas = [replica(valkey_url, ns, rate=1.0), replica(valkey_url, ns, rate=1.0)]
+    replicas = [replica(server_url, ns, rate=1.0), replica(server_url, ns, rate=1.0)]
     try:
         await asyncio.gather(*(replicas[i % 2].add(A, 100) for i in range(64)))
         assert (await replicas[0].queued([A]))[A] == pytest.approx(6400, abs=5)

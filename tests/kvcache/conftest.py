@@ -1,5 +1,5 @@
-"""Fixtures for the kvcache tests: the same real valkey-server fixture the contract suite uses."""
+"""Fixtures for the kvcache tests: the real servers the contract suite uses (Valkey 9, and Redis 7 where present)."""
 
-from tests.contract.conftest import valkey_url
+from tests.contract.conftest import redis7_url, server_url, valkey_url
 
-__all__ = ["valkey_url"]
+__all__ = ["redis7_url", "server_url", "valkey_url"]

@@ -48,14 +48,14 @@ class FrozenClock:
 
 
 @pytest.fixture
-async def make(valkey_url: str) -> AsyncIterator[Make]:
+async def make(server_url: str) -> AsyncIterator[Make]:
     namespace = f"lease-{uuid.uuid4().hex[:8]}"
     made: list[tuple[RedisPrefixIndex, StreamLeases]] = []
 
     async def make_one(
         owner: str, *, ttl_s: float = TTL, clock: Callable[[], float] = time.monotonic, start: bool = True
     ) -> tuple[RedisPrefixIndex, StreamLeases]:
-        index = await RedisPrefixIndex.connect(valkey_url, namespace=namespace, timeout_s=1.0)
+        index = await RedisPrefixIndex.connect(server_url, namespace=namespace, timeout_s=1.0)
         leases = StreamLeases(index, owner, ttl_s=ttl_s, clock=clock)
         leases.follow(E)
         leases.hearing(E, True)  # its stream is connected (what the subscriber reports)
@@ -194,13 +194,13 @@ async def test_many_endpoints_three_replicas_one_holder_each(make: Make) -> None
     assert all(r.counters.lost == 0 for r in replicas)
 
 
-async def test_tokens_keep_growing_when_redis_loses_the_lease_keys(make: Make, valkey_url: str) -> None:
+async def test_tokens_keep_growing_when_redis_loses_the_lease_keys(make: Make, server_url: str) -> None:
     import redis.asyncio as aioredis
 
     index_a, a = await make("a", clock=FrozenClock())  # never notices the loss itself
     await until(lambda: token(a) is not None, what="a acquires")
     stale = token(a)
-    raw = aioredis.Redis.from_url(valkey_url)
+    raw = aioredis.Redis.from_url(server_url)
     try:
         await raw.delete(*index_a.lease_keys(E))  # a Redis restarted empty, or failed over to a lagging replica
     finally:

@@ -10,11 +10,11 @@ is stopped on exit, and every wait is bounded.
 from __future__ import annotations
 
 import time
-from types import TracebackType
 from typing import Any
 
 import redis
 
+from tests.support.managed import Managed
 from tests.support.ports import free_ports
 
 # Slot ranges of the three primaries (16384 slots, split as redis-cli --cluster create does).
@@ -26,7 +26,7 @@ def command(client: redis.Redis, *args: str | int) -> Any:
     return client.execute_command(*args)  # type: ignore[no-untyped-call]
 
 
-class ValkeyCluster:
+class ValkeyCluster(Managed):
     """Three valkey-server processes with ``cluster-enabled yes``, one slot range each, no replicas."""
 
     def __init__(self, *, ready_timeout_s: float = 30.0) -> None:
@@ -104,12 +104,3 @@ class ValkeyCluster:
         finally:
             for c in clients:
                 c.close()
-
-    def __enter__(self) -> ValkeyCluster:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
