@@ -38,11 +38,6 @@ local function fenced()
   return tok ~= '' and redis.call('HGET', KEYS[#KEYS], 'token') ~= tok
 end
 
-local function hasbit(s, slot)
-  local i = math.floor(slot / 8) + 1
-  return i <= #s and bit.band(string.byte(s, i), 2 ^ (slot % 8)) ~= 0
-end
-
 local function withbit(s, slot, on)
   local i = math.floor(slot / 8) + 1
   if #s < i then
@@ -108,8 +103,9 @@ end
 """
 
 # KEYS: M, SLOTS, FREE, then (H, Z, X) per endpoint. ARGV: the request's hashes (blob), then the endpoints.
-# Returns one count per endpoint. Expired entries of the requested endpoints are dropped first (up to
-# DRAIN each), so that the bitmaps are exact; only an endpoint with a larger backlog is verified per block.
+# Returns one count per endpoint, as one space-separated string. Expired entries of the requested endpoints are
+# dropped first (up to DRAIN each), so that the bitmaps are exact; only an endpoint with a larger backlog is
+# verified per block.
 MATCH = """
 local M, SLOTS, FREE = KEYS[1], KEYS[2], KEYS[3]
 local eps = {}
@@ -129,9 +125,19 @@ for k = 1, #eps do
     end
   end
 end
--- Walk the blocks in order; the holder set is recomputed only when a block's bitmap differs from the last.
+-- Walk the blocks in order. The live endpoints are grouped by the bitmap byte holding their bit; when a
+-- block's bitmap differs from the last one, only the groups whose byte changed are checked (a live endpoint's
+-- bit was set in the last bitmap, so an unchanged byte keeps it), so the cost is per changed byte, not per
+-- endpoint and block.
+local group, bytes, mask, left = {}, {}, {}, #alive
+for _, k in ipairs(alive) do
+  local i = math.floor(slot[k] / 8) + 1
+  mask[k] = 2 ^ (slot[k] % 8)
+  if not group[i] then group[i] = {}; bytes[#bytes + 1] = i end
+  group[i][#group[i] + 1] = k
+end
 local d, prev, step = 0, nil, 16
-while #alive > 0 and d < n do
+while left > 0 and d < n do
   local hi = math.min(n, d + step)
   upto(hi)
   local vals = redis.call('HMGET', M, unpack(F, d + 1, hi))
@@ -140,19 +146,27 @@ while #alive > 0 and d < n do
     local v = vals[j]
     if not v then stop = true; break end
     if v ~= prev then
-      local keep = {}
-      for _, k in ipairs(alive) do
-        if hasbit(v, slot[k]) then keep[#keep + 1] = k else depth[k] = d end
+      for _, i in ipairs(bytes) do
+        local b = string.byte(v, i) or 0
+        if not prev or b ~= (string.byte(prev, i) or 0) then
+          local keep = {}
+          for _, k in ipairs(group[i]) do
+            if bit.band(b, mask[k]) ~= 0 then keep[#keep + 1] = k else depth[k] = d; left = left - 1 end
+          end
+          group[i] = keep
+        end
       end
-      alive, prev = keep, v
-      if #alive == 0 then stop = true; break end
+      prev = v
+      if left == 0 then stop = true; break end
     end
     d = d + 1
   end
   if stop then break end
   step = math.min(step * 2, 2048)
 end
-for _, k in ipairs(alive) do depth[k] = d end
+for _, i in ipairs(bytes) do
+  for _, k in ipairs(group[i]) do depth[k] = d end
+end
 -- An endpoint with more expired entries than one drain takes: check its run's expiries in its HASH.
 for k = 1, #eps do
   if depth[k] > 0 and verify[k] then
@@ -169,7 +183,7 @@ for k = 1, #eps do
     depth[k] = held
   end
 end
-return depth
+return table.concat(depth, " ")  -- one bulk reply: cheaper for the client to read than an array
 """
 
 # KEYS: M, SLOTS, FREE, NEXT, H, Z, X, LEASE. ARGV: endpoint, ttl_ms (0 = none), capacity (-1 = none), blob, token.
