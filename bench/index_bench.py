@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 
 from extproc.kvcache.events import decode_batch
-from extproc.kvcache.index import PrefixIndex
+from extproc.kvcache.index import Chain, PrefixIndex
 from extproc.kvcache.ingest import Ingest
 from extproc.kvcache.memory_index import MemoryPrefixIndex
 from extproc.kvcache.redis_index import RedisPrefixIndex
@@ -61,8 +61,8 @@ async def bench_lookup(
         endpoints = [EndpointId(f"10.0.{i // 256}.{i % 256}:8000") for i in range(n_endpoints)]
         for i, e in enumerate(endpoints):
             held = n_blocks if shared and i < 2 else 32 if shared else n_blocks * (i + 1) // n_endpoints
-            await index.store(e, request[:held])
-            await index.store(e, _hashes(2048, base=10**9 + i * 10_000))  # unrelated blocks
+            await index.store(e, request[:held], chain=Chain.from_root())  # as the router's and vLLM's writes claim
+            await index.store(e, _hashes(2048, base=10**9 + i * 10_000), chain=Chain.from_root())  # unrelated
         for _ in range(min(20, iters)):
             await index.match(request, endpoints)
         samples, cpu = [], []
@@ -144,7 +144,9 @@ async def redis_bytes_per_block(url: str, n_blocks: int, ttl_s: float | None) ->
         used = [int((await raw.info("memory"))["used_memory"])]
         for e in eps:
             for start in range(0, n_blocks, 8192):
-                await index.store(e, _hashes(min(8192, n_blocks - start), base=start), ttl_s=ttl_s)
+                parent = _hashes(1, base=start - 1)[0] if start else None  # one long chain, as events claim
+                hashes = _hashes(min(8192, n_blocks - start), base=start)
+                await index.store(e, hashes, ttl_s=ttl_s, chain=Chain.after(parent))
             used.append(int((await raw.info("memory"))["used_memory"]))
         for e in eps:
             await index.clear(e)

@@ -22,7 +22,7 @@ from extproc.backends.inflight import InflightLoad
 from extproc.backends.registry import EndpointRegistry, EndpointState
 from extproc.backends.shared_load import SharedLoad, SharedLoadUnavailable
 from extproc.errors import NoEndpoint, RouterError
-from extproc.kvcache.index import IndexUnavailable, PrefixIndex
+from extproc.kvcache.index import Chain, IndexUnavailable, PrefixIndex
 from extproc.observability import PhaseTimer, RouterMetrics
 from extproc.scheduling.filters import eligible
 from extproc.scheduling.profiles import Profile
@@ -51,6 +51,7 @@ HEADER_PROMPT = "x-router-prompt-tokens"
 _LOGGED_BODY_BYTES = 512
 _INLINE_HASH_BLOCKS = 512  # longer prompts (~0.6 ms+) are hashed off the event loop
 _SERVED_MEMORY = 1024  # picks remembered until Envoy reports the served endpoint (oldest forgotten first)
+_FROM_ROOT = Chain.from_root()  # a prompt's block hashes start at its first block
 
 
 class Preparer(Protocol):
@@ -261,7 +262,7 @@ class Router:
             self._spawn(self._d.shared_load.add(pick, uncached))
         if routing.block_hashes:
             ttl = self._s.burst_mark_ttl_s if self._d.is_precise(pick) else self._s.approx_ttl_s
-            self._spawn(self._d.approx.store(pick, routing.block_hashes, ttl_s=ttl))
+            self._spawn(self._d.approx.store(pick, routing.block_hashes, ttl_s=ttl, chain=_FROM_ROOT))
 
     def _remember(self, request_id: str, pick: EndpointId, hashes: Sequence[BlockHash]) -> None:
         self._picked[request_id] = (pick, hashes)
@@ -285,7 +286,7 @@ class Router:
         self._d.metrics.served.labels("fallback").inc()
         log.info(json.dumps({"request_id": request_id, "picked": pick, "served": endpoint}))
         if hashes and endpoint in self._d.registry.snapshot():
-            self._spawn(self._d.approx.store(endpoint, hashes, ttl_s=self._s.approx_ttl_s))
+            self._spawn(self._d.approx.store(endpoint, hashes, ttl_s=self._s.approx_ttl_s, chain=_FROM_ROOT))
 
     def _spawn(self, coro: object) -> None:
         async def run() -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from extproc.config import EndpointConfig
-from extproc.kvcache.index import PrefixIndex
+from extproc.kvcache.index import Chain, PrefixIndex
 from extproc.kvcache.ingest import Ingest
 from extproc.kvcache.lease import StreamLeases
 from extproc.kvcache.subscriber import EventSource, KvEventSubscriber, SubscriberOptions
@@ -40,8 +40,11 @@ class _ClearsBoth:
     async def match(self, hashes: Sequence[BlockHash], endpoints: Collection[EndpointId]) -> Mapping[EndpointId, int]:
         return await self._precise.match(hashes, endpoints)
 
-    async def store(self, endpoint: EndpointId, hashes: Sequence[BlockHash], *, ttl_s: float | None = None) -> None:
-        await self._precise.store(endpoint, hashes, ttl_s=ttl_s)
+    async def store(
+        self, endpoint: EndpointId, hashes: Sequence[BlockHash], *,
+        ttl_s: float | None = None, chain: Chain | None = None
+    ) -> None:
+        await self._precise.store(endpoint, hashes, ttl_s=ttl_s, chain=chain)
 
     async def remove(self, endpoint: EndpointId, hashes: Sequence[BlockHash]) -> None:
         await self._precise.remove(endpoint, hashes)

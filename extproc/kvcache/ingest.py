@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from extproc.kvcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KvEvent
 from extproc.kvcache.hashing import BlockHasher
-from extproc.kvcache.index import IndexUnavailable, PrefixIndex
+from extproc.kvcache.index import Chain, IndexUnavailable, PrefixIndex
 from extproc.types import BlockHash, EndpointId, HashScheme
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,8 @@ class EndpointState:
     selfchecks_passed: int = 0
 
 
-_Op = tuple[str, list[BlockHash]]  # ("store" | "remove" | "clear", hashes)
+_Segments = list[tuple[int, BlockHash | None]]  # a store's Chain segments: (first index, parent)
+_Op = tuple[str, list[BlockHash], _Segments | None]  # ("store" | "remove" | "clear", hashes, chain or None)
 
 
 class Ingest:
@@ -127,8 +128,8 @@ class Ingest:
             return
         ops = self._plan(endpoint, st, batch.events)
         try:
-            for kind, hashes in ops:
-                await self._run(endpoint, st, kind, hashes)
+            for kind, hashes, segments in ops:
+                await self._run(endpoint, st, kind, hashes, segments)
         except IndexUnavailable as exc:
             self.counters.index_errors += 1
             st.needs_purge, st.cold = True, True
@@ -141,13 +142,18 @@ class Ingest:
         ops: list[_Op] = []
         for ev in events:
             if isinstance(ev, AllBlocksCleared):
-                ops.append(("clear", []))
+                ops.append(("clear", [], None))
                 continue
             op = self._stored(endpoint, st, ev) if isinstance(ev, BlockStored) else self._removed(st, ev)
             if op is None:
                 continue
             if ops and ops[-1][0] == op[0]:
-                ops[-1][1].extend(op[1])
+                kind, hashes, segments = ops[-1]
+                if segments is not None and op[2] is not None:
+                    segments = segments + [(len(hashes) + start, parent) for start, parent in op[2]]
+                else:
+                    segments = None  # one part without a chain: claim none for the call
+                ops[-1] = (kind, hashes + op[1], segments)
             else:
                 ops.append(op)
         return ops
@@ -162,7 +168,11 @@ class Ingest:
         if not st.trusted:
             self.counters.untrusted_skips += 1
             return None
-        return ("store", [BlockHash(h) for h in ev.block_hashes])
+        # A chain claim (``Chain``): the hashes are consecutive blocks after ``parent``, unless some were
+        # skipped (masked hybrid blocks) or the event is a placeholder without token ids.
+        whole = ev.block_size > 0 and len(ev.token_ids) == len(ev.block_hashes) * ev.block_size
+        segments = [(0, None if ev.parent is None else BlockHash(ev.parent))] if whole else None
+        return ("store", [BlockHash(h) for h in ev.block_hashes], segments)
 
     def _removed(self, st: EndpointState, ev: BlockRemoved) -> _Op | None:
         other_group = (
@@ -173,7 +183,7 @@ class Ingest:
         if ev.medium not in (None, _GPU) or other_group:
             self.counters.ignored_events += 1
             return None
-        return ("remove", [BlockHash(h) for h in ev.block_hashes])
+        return ("remove", [BlockHash(h) for h in ev.block_hashes], None)
 
     def _maybe_selfcheck(self, endpoint: EndpointId, st: EndpointState, ev: BlockStored) -> None:
         if ev.parent is not None or ev.lookahead or not ev.block_hashes:
@@ -212,13 +222,16 @@ class Ingest:
                 self._hashers[scheme] = None
         return self._hashers[scheme]
 
-    async def _run(self, endpoint: EndpointId, st: EndpointState, kind: str, hashes: list[BlockHash]) -> None:
+    async def _run(
+        self, endpoint: EndpointId, st: EndpointState, kind: str, hashes: list[BlockHash], segments: _Segments | None
+    ) -> None:
         if kind == "clear":
             await self.index.clear(endpoint)
             self.counters.clears += 1
             st.cold = True
         elif kind == "store":
-            await self.index.store(endpoint, hashes)
+            chain = None if segments is None else Chain(tuple(segments))
+            await self.index.store(endpoint, hashes, chain=chain)
             self.counters.blocks_stored += len(hashes)
             st.cold = False
         else:

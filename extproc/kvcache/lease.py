@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from extproc.kvcache.gate import Position, digest
-from extproc.kvcache.index import IndexUnavailable, PrefixIndex
+from extproc.kvcache.index import Chain, IndexUnavailable, PrefixIndex
 from extproc.kvcache.redis_index import FencedOut, RedisPrefixIndex
 from extproc.tasks import stop_task
 from extproc.types import BlockHash, EndpointId
@@ -348,8 +348,11 @@ class _FencedWrites:
     async def match(self, hashes: Sequence[BlockHash], endpoints: Collection[EndpointId]) -> Mapping[EndpointId, int]:
         return await self._index.match(hashes, endpoints)
 
-    async def store(self, endpoint: EndpointId, hashes: Sequence[BlockHash], *, ttl_s: float | None = None) -> None:
-        await self._write(endpoint, lambda t: self._index.store(endpoint, hashes, ttl_s=ttl_s, fence=t))
+    async def store(
+        self, endpoint: EndpointId, hashes: Sequence[BlockHash], *,
+        ttl_s: float | None = None, chain: Chain | None = None
+    ) -> None:
+        await self._write(endpoint, lambda t: self._index.store(endpoint, hashes, ttl_s=ttl_s, chain=chain, fence=t))
 
     async def remove(self, endpoint: EndpointId, hashes: Sequence[BlockHash]) -> None:
         await self._write(endpoint, lambda t: self._index.remove(endpoint, hashes, fence=t))

@@ -42,6 +42,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from itertools import accumulate, repeat, takewhile
 from operator import and_
 
+from extproc.kvcache.index import Chain
 from extproc.types import BlockHash, EndpointId
 
 CapacityFn = Callable[[EndpointId], int | None]
@@ -95,9 +96,11 @@ class MemoryPrefixIndex:
         return self.match_sync(hashes, endpoints)
 
     async def store(
-        self, endpoint: EndpointId, hashes: Sequence[BlockHash], *, ttl_s: float | None = None
+        self, endpoint: EndpointId, hashes: Sequence[BlockHash], *,
+        ttl_s: float | None = None, chain: Chain | None = None
     ) -> None:
-        """Record ``hashes`` on ``endpoint``, refreshing LRU position and expiry; evicts beyond capacity."""
+        """Record ``hashes`` on ``endpoint``, refreshing LRU position and expiry; evicts beyond capacity.
+        ``chain`` is not needed here: every lookup here is cheap enough to look at each block."""
         self.store_sync(endpoint, hashes, ttl_s=ttl_s)
 
     async def remove(self, endpoint: EndpointId, hashes: Sequence[BlockHash]) -> None:

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import Collection, Mapping, Sequence
 
-from extproc.kvcache.index import IndexUnavailable, PrefixIndex
+from extproc.kvcache.index import Chain, IndexUnavailable, PrefixIndex
 from extproc.types import BlockHash, EndpointId
 
 log = logging.getLogger(__name__)
@@ -39,9 +39,12 @@ class MirroredIndex:
             log.debug("shared approximate index unavailable: %s", exc)
             return {}
 
-    async def store(self, endpoint: EndpointId, hashes: Sequence[BlockHash], *, ttl_s: float | None = None) -> None:
-        await self._local.store(endpoint, hashes, ttl_s=ttl_s)
-        await self._quietly(self._shared.store(endpoint, hashes, ttl_s=ttl_s))
+    async def store(
+        self, endpoint: EndpointId, hashes: Sequence[BlockHash], *,
+        ttl_s: float | None = None, chain: Chain | None = None
+    ) -> None:
+        await self._local.store(endpoint, hashes, ttl_s=ttl_s, chain=chain)
+        await self._quietly(self._shared.store(endpoint, hashes, ttl_s=ttl_s, chain=chain))
 
     async def remove(self, endpoint: EndpointId, hashes: Sequence[BlockHash]) -> None:
         await self._local.remove(endpoint, hashes)

@@ -6,7 +6,11 @@ Key schema (``ns`` = the namespace, default ``"kvidx"``; ``<h>`` = a BlockHash a
     {ns}:slots          HASH    field = endpoint id, value = its slot (a small int, reused once it is freed)
     {ns}:free           ZSET    freed slots (score = slot, so the lowest is reused first)
     {ns}:next           STRING  the next never-used slot
-    {ns}:h:<endpoint>   HASH    field = <h>, value = expires-at in server ms ("0" = never): what it holds
+    {ns}:h:<endpoint>   HASH    field = <h>, value = expires-at in server ms ("0" = never): what it holds;
+                                for an entry rooted in a claimed chain: "<expires-at>|<rooted children>|<parent
+                                <h>, empty for a prompt's first block>" (``redis_lua``)
+    {ns}:u              HASH    field = endpoint id, value = how many of its entries are not rooted
+    {ns}:holey          HASH    field = endpoint id, value = how many of its rooted entries lost their parent
     {ns}:x:<endpoint>   ZSET    member = <h>, score = expires-at ms: its entries that have a ttl
     {ns}:z:<endpoint>   ZSET    member = <h>, score = its LRU clock (higher = stored more recently): only when
                                 the index has a capacity
@@ -17,25 +21,25 @@ Key schema (``ns`` = the namespace, default ``"kvidx"``; ``<h>`` = a BlockHash a
                                 seq, digest = the last batch applied to the index (its sequence number and the
                                 first 8 bytes of blake2b of its payload): where a new owner resumes
 
-* ``match`` is **one round trip**: EVALSHA of a Lua script that walks the request's hashes in order over
-  ``{ns}:m`` (HMGET in growing slices, 16 ... 2048 fields), keeps the requested endpoints whose bit is set,
-  and stops when none remains. Consecutive blocks usually have the same holders, and equal bitmaps are equal
-  interned Lua strings, so the holder set is recomputed only when the bitmap changes, and then only for the
-  endpoints whose bitmap byte changed: the walk costs about one hash-field lookup per matched block, whatever
-  the number of endpoints. The counts come back as one string (cheaper to read than an array). Before the
-  walk, the requested endpoints' expired entries are dropped (found by score in ``x``, up to 256 each), so the
-  bitmaps are exact; only an endpoint with a bigger backlog has its run's expiries checked in its HASH (O(its
-  run)).
-* **Lookup cost is linear in the matched blocks**, by design: the answer is exact for any history (a removed
-  or expired block in the middle cuts the run), so every block up to the longest run is looked at. On Valkey
-  9.1 the floor is ~85 ns to cut each 8-byte field out of the blob plus ~110 ns per HMGET field: ~1.7 ms of
-  server time at 8K blocks before any bookkeeping (measured with a stripped-down script), and the whole
-  ``match`` takes 2.2-3.4 ms of server time and 3.8-5.5 ms p99 end to end at 8K blocks (``bench/results/index/``),
-  above the 2 ms goal; at 2K blocks and below it stays within 3 ms p99 (1.9 ms or less with 16 endpoints).
-  A sublinear lookup (bisection over the holder bitmaps) is only exact if every endpoint's entries are closed
-  under "parent of": true of vLLM's events (blocks are stored parent first and evicted leaf first) but not of
-  arbitrary histories, so it would need per-entry parent links and child counts to detect a violation, which
-  would roughly halve ingest. The in-memory backend meets the goal (1.4 ms p99 at 8K x 64).
+* ``match`` is **one round trip**: EVALSHA of a Lua script over ``{ns}:m``. Before anything, the requested
+  endpoints' expired entries are dropped (found by score in ``x``, up to 256 each), so the bitmaps are exact;
+  an endpoint with a bigger backlog has its run's expiries checked in its HASH (O(its run)). The counts come
+  back as one string (cheaper to read than an array). Then one of two ways, with the same answer:
+* **Bisection**, when every requested endpoint that holds anything is *clean*: each of its entries was stored
+  as part of a claimed chain (``Chain``: ingest claims it for vLLM's ``BlockStored`` events, the router for a
+  prompt's hashes) whose ancestors it held, and it never lost such an entry while holding rooted children
+  (``u`` = 0 and ``holey`` = 0). Block hashes commit to their parent, so along a prompt a clean endpoint holds a
+  prefix: the script probes the first and last blocks' bitmaps and halves every interval whose ends differ,
+  about (distinct run ends) x log2(blocks) probes, batched per level. vLLM stores parents first and evicts
+  leaves first, so its endpoints stay clean; a continuation of a block we never saw (after a purge) or a
+  middle block lost makes an endpoint unclean until those entries are gone. Past a budget of blocks/3 probes (many
+  distinct run lengths on a short prompt) it walks instead.
+* **The walk** otherwise: the request's hashes in order (HMGET in growing slices, 16 ... 2048 fields),
+  keeping the requested endpoints whose bit is set, until none remains. Equal bitmaps are equal interned Lua
+  strings, so the holder set is recomputed only when the bitmap changes, and only for the endpoints whose
+  bitmap byte changed: about one field lookup per matched block (~0.2 us of server time on Valkey 9.1).
+* Lookup cost (``bench/results/index/``, 64 endpoints): at 8K blocks bisection takes 0.1-1 ms of server time
+  against 2.4-3.4 ms for the walk; the in-memory backend needs no claim (it walks in ~1 ms).
 * ``store`` / ``remove`` are one script call each; ``clear`` walks the endpoint's own HASH (the reverse
   index) in slices of ``_CLEAR_SLICE`` per script call: O(that endpoint's entries), never a keyspace scan.
   An endpoint left with no entries frees its slot.
@@ -88,7 +92,7 @@ from redis.exceptions import RedisClusterException, RedisError
 from redis.retry import Retry
 
 from extproc.kvcache import redis_lua as lua
-from extproc.kvcache.index import IndexUnavailable
+from extproc.kvcache.index import Chain, IndexUnavailable
 from extproc.types import BlockHash, EndpointId
 
 _FENCED = -1  # what a write script returns when its fencing token is not the lease's
@@ -135,10 +139,10 @@ class RedisPrefixIndex:
         self._timeout_s = timeout_s
         self._capacity = capacity_blocks
         self._prefix = f"{{{namespace}}}:".encode()
-        self._shared = [self._prefix + k for k in (b"m", b"slots", b"free", b"next")]
+        self._shared = [self._prefix + k for k in (b"m", b"slots", b"free", b"u", b"holey", b"next")]
         self._own_keys: dict[EndpointId, list[bytes]] = {}
         self._match = client.register_script(lua.render(lua.MATCH, blob_arg=1))
-        self._store = client.register_script(lua.render(lua.STORE, blob_arg=4))
+        self._store = client.register_script(lua.render(lua.STORE, blob_arg=4))  # then the chain, the token
         self._remove = client.register_script(lua.render(lua.REMOVE, blob_arg=2))
         self._clear = client.register_script(lua.render(lua.CLEAR, blob_arg=3))
 
@@ -190,7 +194,7 @@ class RedisPrefixIndex:
         if not hashes or not endpoints:
             return {}
         eps = list(dict.fromkeys(endpoints))
-        keys = self._shared[:3]
+        keys = self._shared[:5]
         for e in eps:
             keys.extend(self._own(e))
         args: list[bytes | str] = [_blob(hashes), *eps]
@@ -203,29 +207,32 @@ class RedisPrefixIndex:
         hashes: Sequence[BlockHash],
         *,
         ttl_s: float | None = None,
+        chain: Chain | None = None,
         fence: int | None = None,
     ) -> None:
         """Record ``hashes`` on ``endpoint`` with optional expiry; evicts beyond capacity. One script call.
-        With ``fence``, only while it is the endpoint's lease token (else FencedOut)."""
+        ``chain`` as in ``PrefixIndex.store``. With ``fence``, only while it is the endpoint's lease token (else
+        FencedOut)."""
         if not hashes:
             return
         ttl_ms = 0 if ttl_s is None else max(1, round(ttl_s * 1000))
         cap = self._capacity_for(endpoint)
-        args: list[bytes | str | int] = [endpoint, ttl_ms, -1 if cap is None else cap, _blob(hashes), _tok(fence)]
+        args: list[bytes | str | int] = [endpoint, ttl_ms, -1 if cap is None else cap, _blob(hashes)]
+        args += [_chain(chain, len(hashes)), _tok(fence)]
         keys = [*self._shared, *self._own(endpoint), self.lease_keys(endpoint)[0]]
         _check(await self._call(self._store(keys=keys, args=args)), endpoint, fence)
 
     async def remove(self, endpoint: EndpointId, hashes: Sequence[BlockHash], *, fence: int | None = None) -> None:
         """Forget ``hashes`` on ``endpoint``. One script call. ``fence`` as in ``store``."""
         if hashes:
-            keys = [*self._shared[:3], *self._own(endpoint), self.lease_keys(endpoint)[0]]
+            keys = [*self._shared[:5], *self._own(endpoint), self.lease_keys(endpoint)[0]]
             args: list[bytes | str] = [endpoint, _blob(hashes), _tok(fence)]
             _check(await self._call(self._remove(keys=keys, args=args)), endpoint, fence)
 
     async def clear(self, endpoint: EndpointId, *, fence: int | None = None) -> None:
         """Forget everything on ``endpoint``: O(its entries), ``_CLEAR_SLICE`` per script call. ``fence`` as in
         ``store`` (checked by every slice)."""
-        keys = [*self._shared[:3], *self._own(endpoint), self.lease_keys(endpoint)[0]]
+        keys = [*self._shared[:5], *self._own(endpoint), self.lease_keys(endpoint)[0]]
         args: list[bytes | str | int] = [endpoint, _CLEAR_SLICE, b"", _tok(fence)]
         for _ in range(_CLEAR_MAX_CALLS):
             if _check(await self._call(self._clear(keys=keys, args=args)), endpoint, fence) == 0:
@@ -240,6 +247,13 @@ class RedisPrefixIndex:
     async def entries(self, endpoint: EndpointId) -> int:
         """How many blocks ``endpoint`` has in the index (expired but unreclaimed ones included)."""
         return int(await self._call(self._r.hlen(self._own(endpoint)[0])))
+
+    async def chain_state(self, endpoint: EndpointId) -> tuple[int, int]:
+        """``endpoint``'s entries not rooted in a claimed chain, and its rooted entries whose parent it lost.
+        (0, 0): clean, so ``match`` may bisect over it."""
+        unrooted = await self._call(self._r.hget(self._shared[3], endpoint))
+        orphans = await self._call(self._r.hget(self._shared[4], endpoint))
+        return int(unrooted or 0), int(orphans or 0)
 
     # -- leases (lease.py) -----------------------------------------------------------------------------------
 
@@ -305,3 +319,17 @@ def _check(result: Any, endpoint: EndpointId, fence: int | None) -> int:
 def _blob(hashes: Sequence[BlockHash]) -> bytes:
     """The hashes as one string of 8-byte big-endian values (C-speed packing)."""
     return struct.pack(f">{len(hashes)}Q", *hashes)
+
+
+def _chain(chain: Chain | None, n: int) -> bytes:
+    """A ``Chain`` for the STORE script: 13 bytes per segment (first index, 'r' or 'p', parent); b"" for none.
+    Segments starting at or past ``n`` are dropped (they cover no hash)."""
+    if chain is None:
+        return b""
+    out = []
+    for start, parent in chain.segments:
+        if start >= n:
+            break
+        kind, value = (b"r", 0) if parent is None else (b"p", int(parent))
+        out.append(struct.pack(">I", start) + kind + struct.pack(">Q", value))
+    return b"".join(out)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
@@ -16,7 +17,7 @@ from extproc.kvcache.events import (
     KvEvent,
     decode_batch,
 )
-from extproc.kvcache.index import IndexUnavailable
+from extproc.kvcache.index import Chain, IndexUnavailable
 from extproc.kvcache.ingest import Ingest
 from extproc.kvcache.memory_index import MemoryPrefixIndex
 from extproc.types import BlockHash, EndpointId, EngineBlockHash, HashScheme
@@ -142,6 +143,7 @@ class RecordingIndex(MemoryPrefixIndex):
     def __init__(self) -> None:
         super().__init__()
         self.calls: list[tuple[str, int]] = []
+        self.chains: list[Chain | None] = []
         self.down = False
 
     def _check(self) -> None:
@@ -154,10 +156,12 @@ class RecordingIndex(MemoryPrefixIndex):
         return await super().match(hashes, endpoints)
 
     async def store(
-        self, endpoint: EndpointId, hashes: Sequence[BlockHash], *, ttl_s: float | None = None
+        self, endpoint: EndpointId, hashes: Sequence[BlockHash], *,
+        ttl_s: float | None = None, chain: Chain | None = None
     ) -> None:
         self._check()
         self.calls.append(("store", len(hashes)))
+        self.chains.append(chain)
         await super().store(endpoint, hashes, ttl_s=ttl_s)
 
     async def remove(self, endpoint: EndpointId, hashes: Sequence[BlockHash]) -> None:
@@ -177,6 +181,19 @@ async def test_runs_of_events_are_coalesced_into_one_index_call() -> None:
     removes = [BlockRemoved((EngineBlockHash(h),), "GPU", 0) for h in HASHES[3:6]]
     await ingest.apply(E, batch(stored(0, 3), stored(3, 3), *removes, AllBlocksCleared(), stored(0, 1)))
     assert index.calls == [("store", 6), ("remove", 3), ("clear", 0), ("store", 1)]
+    # Each event's place in the coalesced call is claimed as a chain segment after its parent.
+    assert index.chains == [Chain(((0, None), (3, BlockHash(HASHES[2])))), Chain(((0, None),))]
+
+
+async def test_a_chain_is_claimed_only_for_whole_events() -> None:
+    index = RecordingIndex()
+    ingest = Ingest(index, lambda _e: None)
+    placeholder = dataclasses.replace(stored(3, 1), token_ids=(), block_size=0)  # an offload tier's: no tokens
+    masked = dataclasses.replace(stored(4, 2), token_ids=tuple(TOKENS[64:112]))  # a block skipped in the hashes
+    await ingest.apply(E, batch(stored(0, 2), stored(2, 1)))
+    await ingest.apply(E, batch(stored(0, 2), placeholder))  # one part without a chain: no claim for the call
+    await ingest.apply(E, batch(masked))
+    assert index.chains == [Chain(((0, None), (2, BlockHash(HASHES[1])))), None, None]
 
 
 async def test_index_failure_schedules_a_purge_before_the_next_batch() -> None:

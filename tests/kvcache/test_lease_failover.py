@@ -16,7 +16,7 @@ from typing import Any
 import zmq.asyncio
 
 from extproc.kvcache.feed import EventFeed
-from extproc.kvcache.index import IndexUnavailable
+from extproc.kvcache.index import Chain, IndexUnavailable
 from extproc.kvcache.lease import StreamLeases
 from extproc.kvcache.memory_index import MemoryPrefixIndex
 from extproc.kvcache.redis_index import RedisPrefixIndex
@@ -48,12 +48,13 @@ class RecordingIndex(RedisPrefixIndex):
         hashes: Sequence[BlockHash],
         *,
         ttl_s: float | None = None,
+        chain: Chain | None = None,
         fence: int | None = None,
     ) -> None:
         if self.fail_stores:
             self.fail_stores -= 1
             raise IndexUnavailable("injected: no answer")
-        await super().store(endpoint, hashes, ttl_s=ttl_s, fence=fence)
+        await super().store(endpoint, hashes, ttl_s=ttl_s, chain=chain, fence=fence)
         if fence is not None:
             self.ops.append(("store", tuple(hashes)))
 

@@ -25,7 +25,7 @@ class Broken(MemoryPrefixIndex):
             return {A: 99}
         raise IndexUnavailable("down")
 
-    async def store(self, endpoint: EndpointId, hashes: Sequence[BlockHash], *, ttl_s: float | None = None) -> None:
+    async def store(self, endpoint: EndpointId, hashes: Sequence[BlockHash], **_: object) -> None:
         raise IndexUnavailable("down")
 
 

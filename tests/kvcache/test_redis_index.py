@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from extproc.kvcache.index import IndexUnavailable
+from extproc.kvcache.index import Chain, IndexUnavailable
 from extproc.kvcache.redis_index import RedisPrefixIndex
 from extproc.types import BlockHash, EndpointId
 
@@ -71,7 +71,8 @@ async def test_keys_share_the_namespace_hash_tag_and_clear_leaves_nothing(valkey
         await idx.store(E1, hs(5))
         await idx.store(E2, hs(5), ttl_s=60)
         keys = {k.decode() for k in await raw.keys("*") if k.startswith(f"{{{ns}}}".encode())}
-        assert keys == {f"{{{ns}}}:{k}" for k in ("m", "slots", "next", f"h:{E1}", f"h:{E2}", f"x:{E2}")}
+        own = ("m", "slots", "next", "u", f"h:{E1}", f"h:{E2}", f"x:{E2}")  # u: entries stored without a chain
+        assert keys == {f"{{{ns}}}:{k}" for k in own}
         await idx.clear(E1)
         await idx.clear(E2)
         left = {k.decode() for k in await raw.keys(f"{{{ns}}}*")}
@@ -257,3 +258,39 @@ async def test_scripts_flushed_on_the_server_are_reloaded(index: RedisPrefixInde
     await index.store(E1, hs(1, base=100))
     await index.clear(E1)
     assert await index.match(hs(3), [E1]) == {}
+
+
+async def test_what_makes_an_endpoint_clean_for_bisection(index: RedisPrefixIndex) -> None:
+    """Clean (every entry rooted, no rooted entry without its parent) lets ``match`` bisect."""
+    blocks = hs(12)
+    await index.store(E1, blocks[:6], chain=Chain.from_root())
+    assert await index.chain_state(E1) == (0, 0)
+    await index.store(E1, blocks[6:], chain=Chain.after(blocks[5]))
+    await index.remove(E1, blocks[:7:-1])  # leaf first, as vLLM evicts
+    assert await index.chain_state(E1) == (0, 0)
+    await index.store(E2, blocks[8:], chain=Chain.after(blocks[7]))  # its parent is not held there
+    assert await index.chain_state(E2) == (4, 0)
+    await index.store(E2, blocks[:3])  # no claim
+    assert await index.chain_state(E2) == (7, 0)
+    await index.remove(E1, blocks[2:3])  # a middle block: its children lose their root
+    assert await index.chain_state(E1) == (0, 1)
+    assert await index.match(blocks, [E1, E2]) == {E1: 2, E2: 3}
+    await index.remove(E1, blocks[3:8][::-1])  # the orphan and what hangs from it go, leaf first
+    assert await index.chain_state(E1) == (0, 0)
+    await index.clear(E1)
+    await index.clear(E2)
+    assert await index.chain_state(E1) == (0, 0) and await index.chain_state(E2) == (0, 0)
+
+
+async def test_a_long_chain_expiring_across_drains_leaves_the_endpoint_clean(index: RedisPrefixIndex) -> None:
+    """Expired entries go 256 per call, parents maybe before their children: the orphans are counted and
+    uncounted again, so once all are gone the endpoint is clean (and bisects) again."""
+    blocks = hs(700)
+    await index.store(E1, blocks[:2], chain=Chain.from_root())
+    await index.store(E1, blocks[2:], ttl_s=0.5, chain=Chain.after(blocks[1]))
+    await asyncio.sleep(0.8)
+    for _ in range(4):
+        await index.match(blocks, [E1])  # each drains up to 256 expired entries first
+    assert await index.entries(E1) == 2
+    assert await index.chain_state(E1) == (0, 0)
+    assert await index.match(blocks, [E1]) == {E1: 2}

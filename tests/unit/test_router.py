@@ -69,9 +69,7 @@ class DictIndex:
             out[e] = n
         return out
 
-    async def store(
-        self, endpoint: EndpointId, hashes: Sequence[BlockHash], *, ttl_s: float | None = None
-    ) -> None:
+    async def store(self, endpoint: EndpointId, hashes: Sequence[BlockHash], **_: object) -> None:
         self.held.setdefault(endpoint, set()).update(hashes)
 
     async def remove(self, endpoint: EndpointId, hashes: Sequence[BlockHash]) -> None: ...
