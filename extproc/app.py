@@ -225,6 +225,8 @@ class App:
             ("ingest", self.feed.ingest.counters), ("stream", self.feed.subscriber.counters)]  # fmt: skip
         if self.feed.leases is not None:
             groups.append(("lease", self.feed.leases.counters))
+        if isinstance(self.precise, RedisPrefixIndex):
+            groups.append(("redis_lookups", self.precise.lookups))
         return groups
 
     def _build_approx_index(self) -> PrefixIndex:

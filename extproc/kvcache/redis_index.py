@@ -84,6 +84,7 @@ from __future__ import annotations
 import asyncio
 import struct
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -111,6 +112,15 @@ def redis_client(url: str, **kwargs: Any) -> RedisClient:
     if sep and scheme.lower() in CLUSTER_SCHEMES:
         return aioredis.RedisCluster.from_url(scheme[: -len("+cluster")] + "://" + rest, **kwargs)
     return aioredis.Redis.from_url(url, **kwargs)
+
+
+@dataclass
+class LookupCounters:
+    """How ``match`` answered (exported as ``router_kv_redis_lookups_*``): without a walk (bisected over clean
+    endpoints, or none of them held anything), or walked block by block."""
+
+    bisected: int = 0
+    walked: int = 0
 
 
 class FencedOut(IndexUnavailable):
@@ -141,6 +151,7 @@ class RedisPrefixIndex:
         self._prefix = f"{{{namespace}}}:".encode()
         self._shared = [self._prefix + k for k in (b"m", b"slots", b"free", b"u", b"holey", b"next")]
         self._own_keys: dict[EndpointId, list[bytes]] = {}
+        self.lookups = LookupCounters()
         self._match = client.register_script(lua.render(lua.MATCH, blob_arg=1))
         self._store = client.register_script(lua.render(lua.STORE, blob_arg=4))  # then the chain, the token
         self._remove = client.register_script(lua.render(lua.REMOVE, blob_arg=2))
@@ -198,7 +209,11 @@ class RedisPrefixIndex:
         for e in eps:
             keys.extend(self._own(e))
         args: list[bytes | str] = [_blob(hashes), *eps]
-        counts = (await self._call(self._match(keys=keys, args=args))).split()
+        how, *counts = (await self._call(self._match(keys=keys, args=args))).split()
+        if how == b"b":
+            self.lookups.bisected += 1
+        else:
+            self.lookups.walked += 1
         return {e: int(n) for e, n in zip(eps, counts, strict=True) if n != b"0"}
 
     async def store(

@@ -168,7 +168,8 @@ end
 """
 
 # KEYS: M, SLOTS, FREE, U, HOLEY, then (H, Z, X) per endpoint. ARGV: the request's hashes (blob: a prompt's
-# blocks from its first), then the endpoints. Returns one count per endpoint, as one space-separated string.
+# blocks from its first), then the endpoints. Returns "b" (bisected) or "w" (walked), then one count per
+# endpoint, as one space-separated string.
 # Expired entries of the requested endpoints are dropped first (up to DRAIN each), so that the bitmaps are exact;
 # an endpoint with a larger backlog is verified per block.
 MATCH = """
@@ -201,7 +202,8 @@ for _, k in ipairs(alive) do
 end
 -- Bisect when every live endpoint is clean: then each one's bit, along the request (a chain), is set on a
 -- prefix of the blocks, and only the places where some bit turns off need finding.
-local bisect = left > 0
+if left == 0 then return 'b ' .. table.concat(depth, " ") end  -- nobody holds anything: nothing to walk
+local bisect = true
 if bisect then
   local live_eps = {}
   for x, k in ipairs(alive) do live_eps[x] = eps[k] end
@@ -270,7 +272,7 @@ if bisect then
     for _, i in ipairs(bytes) do
       for _, k in ipairs(group[i]) do depth[k] = n end
     end
-    return table.concat(depth, " ")
+    return 'b ' .. table.concat(depth, " ")
   end
 end
 -- Otherwise walk the blocks in order. When a block's bitmap differs from the last one, only the groups whose
@@ -324,7 +326,7 @@ for k = 1, #eps do
     depth[k] = held
   end
 end
-return table.concat(depth, " ")  -- one bulk reply: cheaper for the client to read than an array
+return 'w ' .. table.concat(depth, " ")  -- one bulk reply: cheaper for the client to read than an array
 """
 
 # KEYS: M, SLOTS, FREE, U, HOLEY, NEXT, H, Z, X, LEASE. ARGV: endpoint, ttl_ms (0 = none), capacity (-1 = none),

@@ -46,6 +46,18 @@ async def post(session: aiohttp.ClientSession, url: str, messages: list[dict[str
         return resp.headers[UPSTREAM_HOST_HEADER], int(details.get("cached_tokens") or 0)
 
 
+async def counters(metrics_url: str, prefix: str) -> dict[str, float]:
+    """The ``prefix``-named counters a picker exports, by the rest of their name."""
+    async with aiohttp.ClientSession() as session, session.get(metrics_url) as resp:
+        text = await resp.text()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(prefix) and "_created" not in line:
+            name, value = line.split()[:2]
+            out[name[len(prefix) :].removesuffix("_total")] = float(value)
+    return out
+
+
 async def burst(url: str, n: int = 64) -> collections.Counter[str]:
     """``n`` simultaneous requests, each with its own ~1K-token prompt (nothing shared)."""
     async with aiohttp.ClientSession() as session:
@@ -64,6 +76,9 @@ async def test_two_replicas_route_precisely_and_spread_a_burst_like_one(tmp_path
             hosts = [await post(session, stack.url, conclusion["messages"]) for _ in range(4)]
         # Envoy spreads these over both replicas: each must know where the document is.
         assert all(host == first and cached >= len(conclusion["token_ids"]) - 48 for host, cached in hosts), (first, hosts)
+        # The engines' events keep every endpoint clean, so the replicas' Redis lookups bisect, not walk.
+        lookups = [await counters(url, "router_kv_redis_lookups_") for url in stack.picker_metrics_urls]
+        assert sum(c.get("bisected", 0) for c in lookups) >= 4 and all(c.get("walked", 0) == 0 for c in lookups), lookups
         two = await burst(stack.url)
     with Stack(spec(1, None, "one"), tmp_path / "one") as stack:
         one = await burst(stack.url)

@@ -294,3 +294,16 @@ async def test_a_long_chain_expiring_across_drains_leaves_the_endpoint_clean(ind
     assert await index.entries(E1) == 2
     assert await index.chain_state(E1) == (0, 0)
     assert await index.match(blocks, [E1]) == {E1: 2}
+
+
+async def test_lookups_count_how_they_were_answered(index: RedisPrefixIndex) -> None:
+    blocks = hs(64)
+    await index.store(E1, blocks[:40], chain=Chain.from_root())
+    await index.store(E2, blocks[:10], chain=Chain.from_root())
+    assert await index.match(blocks, [E1, E2]) == {E1: 40, E2: 10}
+    assert (index.lookups.bisected, index.lookups.walked) == (1, 0)
+    await index.store(E2, blocks[30:35])  # no claim: E2 is no longer clean
+    assert await index.match(blocks, [E1, E2]) == {E1: 40, E2: 10}
+    assert (index.lookups.bisected, index.lookups.walked) == (1, 1)
+    assert await index.match(blocks, [E1]) == {E1: 40}  # only clean endpoints asked about
+    assert (index.lookups.bisected, index.lookups.walked) == (2, 1)
