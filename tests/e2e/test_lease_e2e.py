@@ -76,10 +76,34 @@ class Probes:
     """Each probe: a fresh document posted straight to a target backend (behind the pickers' backs: only its
     KV events, applied to Redis by the lease holder, say where it is), then one follow-up through Envoy."""
 
-    def __init__(self, stack: Stack, session: aiohttp.ClientSession) -> None:
+    def __init__(self, stack: Stack, session: aiohttp.ClientSession, redis_url: str, namespace: str) -> None:
         self.stack, self.session = stack, session
+        self.redis_url, self.namespace = redis_url, namespace
         self.sent = 0  # requests through Envoy so far (its access-log lines)
         self.n = 0
+
+    def applied_seq(self, target: str) -> int:
+        """The last batch of ``target``'s KV events that a lease holder applied to Redis (its stream position)."""
+        import redis
+
+        client = redis.Redis.from_url(self.redis_url)
+        try:
+            seq = client.hget(f"{{{self.namespace}}}:stream:{target}", "seq")
+        finally:
+            client.close()
+        return -1 if seq is None else int(seq)
+
+    async def applied_since(self, target: str, before: int) -> None:
+        """Wait (bounded) until a holder applied a newer batch of ``target``'s events and no more came for 0.5 s:
+        the document's blocks are in Redis. Read from Redis, not a fixed sleep, so a slow box waits as needed."""
+        await until(lambda: self.applied_seq(target) > before, 15.0, "the probe's KV events applied")
+        last, start = self.applied_seq(target), time.monotonic()
+        quiet_since = start
+        while time.monotonic() - quiet_since < 0.5 and time.monotonic() - start < 5.0:
+            await asyncio.sleep(0.05)
+            now = await asyncio.to_thread(self.applied_seq, target)
+            if now != last:
+                last, quiet_since = now, time.monotonic()
 
     async def run(self, picked_wanted: int, attempts: int = 24) -> list[tuple[str, str, int]]:
         """Probes over the backends in turn until ``picked_wanted`` follow-ups were picked (a follow-up whose
@@ -90,8 +114,9 @@ class Probes:
             target = self.stack.backends[self.n % BACKENDS]
             doc = document(f"probe{self.n}")
             self.n += 1
+            before = await asyncio.to_thread(self.applied_seq, target)
             await post(self.session, f"http://{target}", doc, "summary?")
-            await asyncio.sleep(1.0)  # its BlockStored: engine -> the holder's subscriber -> Redis (slack for busy CI)
+            await self.applied_since(target, before)  # its BlockStored: engine -> the holder's subscriber -> Redis
             host, cached = await post(self.session, self.stack.url, doc, "and the follow-up?")
             self.sent += 1
             if self.stack.envoys["picker"].wait_for_access_log(self.sent)[self.sent - 1].reason:
@@ -126,7 +151,10 @@ async def load(url: str) -> Any:
 
 
 def two_pickers(valkey_url: str, namespace: str) -> StackSpec:
-    index = {"backend": "redis", "redis_url": valkey_url, "redis_namespace": namespace}
+    # A generous lookup deadline: this test is about which replica writes what, and on a loaded CI box a 5 ms
+    # deadline sends a probe by load now and then (routing by load is the designed answer to a slow Redis).
+    index = {"backend": "redis", "redis_url": valkey_url, "redis_namespace": namespace,
+             "lookup_deadline_s": 0.25, "redis_timeout_s": 0.25}
     return StackSpec(backends=BACKENDS, pickers=2, kv_events=True, sim_profile="fast", picker_overrides={"index": index})
 
 
@@ -142,7 +170,7 @@ async def test_killing_the_lease_holder_fails_over_and_routing_stays_precise(tmp
         m0, m1 = stack.picker_metrics_urls
         await picker0_holds_every_lease(m0, m1)
         async with aiohttp.ClientSession() as session:
-            probes = Probes(stack, session)
+            probes = Probes(stack, session, valkey_url, "lease-e2e-kill")
             picks = await probes.run(BACKENDS)  # before: picker 0 writes every stream
             assert len(picks) == BACKENDS and all(t == h and c >= 512 for t, h, c in picks), picks
 
@@ -178,7 +206,7 @@ async def test_a_paused_lease_holder_is_deposed_and_stays_out(tmp_path: Path, va
         m0, m1 = stack.picker_metrics_urls
         await picker0_holds_every_lease(m0, m1)
         async with aiohttp.ClientSession() as session:
-            probes = Probes(stack, session)
+            probes = Probes(stack, session, valkey_url, "lease-e2e-pause")
             picks = await probes.run(BACKENDS)
             assert len(picks) == BACKENDS and all(t == h for t, h, _ in picks), picks
             picker0 = stack.pickers[0]

@@ -53,8 +53,12 @@ async def test_match_is_one_round_trip(valkey_url: str) -> None:
         await idx.store(E1, blocks)
         await idx.store(E2, blocks[:100])
         client.sent.clear()
-        assert await idx.match(blocks, [E1, E2]) == {E1: 2048, E2: 100}
-        assert client.sent == ["EVALSHA"]
+        raw = aioredis.Redis.from_url(valkey_url)
+        await raw.config_resetstat()
+        assert await idx.match(blocks, [E1, E2]) == {E1: 2048, E2: 100}  # packed by hand, sent on the pool
+        stats = await raw.info("commandstats")
+        await raw.aclose()
+        assert stats["cmdstat_evalsha"]["calls"] == 1 and client.sent == []
         client.sent.clear()
         await idx.store(E1, hs(3000, base=10**6))
         await idx.remove(E1, hs(3000, base=10**6))
@@ -307,3 +311,16 @@ async def test_lookups_count_how_they_were_answered(index: RedisPrefixIndex) -> 
     assert (index.lookups.bisected, index.lookups.walked) == (1, 1)
     assert await index.match(blocks, [E1]) == {E1: 40}  # only clean endpoints asked about
     assert (index.lookups.bisected, index.lookups.walked) == (2, 1)
+
+
+async def test_a_lookup_survives_a_flushed_script_cache(index: RedisPrefixIndex, valkey_url: str) -> None:
+    """The hand-packed EVALSHA meets NOSCRIPT (a restarted or flushed server): the script is loaded again."""
+    blocks = hs(8)
+    await index.store(E1, blocks, chain=Chain.from_root())
+    raw = aioredis.Redis.from_url(valkey_url)
+    try:
+        await raw.script_flush()
+    finally:
+        await raw.aclose()
+    assert await index.match(blocks, [E1, E2]) == {E1: 8}
+    assert await index.match(blocks, [E1]) == {E1: 8}  # and the fast path works again
