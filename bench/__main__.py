@@ -56,6 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--report-only", type=Path, default=None, help="re-render the report of a results folder")
     p.add_argument("--no-plots", action="store_true", help="report without PNG plots")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs per cell (the median run by TTFT p90 is reported, with the spread)")
     return p
 
 
@@ -107,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             workloads=workloads, policies=policies, quick=args.quick, seed=args.seed, out=out,
             workdir=args.workdir or Path(tmp), concurrency=args.concurrency, request_timeout_s=timeout,
             rates=[float(r) for r in args.rates.split(",")] if args.rates else None, auto=args.policies == "auto",
-            picker_set=_picker_set(args.picker_set),
+            picker_set=_picker_set(args.picker_set), repeat=args.repeat,
             command="python -m bench " + shlex.join(argv if argv is not None else sys.argv[1:]),
         )  # fmt: skip
         run(opts)

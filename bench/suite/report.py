@@ -192,10 +192,16 @@ def _summary(doc: dict[str, Any]) -> list[str]:
                 row.append("–")
                 continue
             ok = "" if cell["success_rate"] >= 1.0 else f" ({cell['success_rate']:.0%} ok)"
-            row.append(f"{_fmt('{:.2f}', cell['ttft_p90_s'])} s / {cell['output_tok_s']:.0f} / "
+            row.append(f"{_fmt('{:.2f}', cell['ttft_p90_s'])} s{_spread(cell)} / {cell['output_tok_s']:.0f} / "
                        f"{_fmt('{:.0%}', cell['cached_share_of_ceiling'])}{ok}")  # fmt: skip
         lines.append(f"| {policy} | " + " | ".join(row) + " |")
     return lines
+
+
+def _spread(cell: dict[str, Any]) -> str:
+    """`` (lo–hi)`` of TTFT p90 over a cell's repeated runs (``--repeat``), or nothing."""
+    p90s = [r["ttft_p90_s"] for r in cell.get("repeats", []) if r.get("ttft_p90_s") is not None]
+    return f" ({min(p90s):.2f}–{max(p90s):.2f})" if len(p90s) > 1 else ""
 
 
 def _diagnostics(doc: dict[str, Any]) -> list[str]:

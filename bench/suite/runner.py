@@ -46,6 +46,7 @@ class RunOptions:
     command: str = ""
     auto: bool = False  # --policies auto: CONTENDERS only, except on tenants
     picker_set: dict[str, Any] = field(default_factory=dict)  # --picker-set: {section: {key: value}}
+    repeat: int = 1  # --repeat: runs per cell; the cell reported is the median run by TTFT p90
     log: Callable[[str], None] = field(default=lambda s: print(s, file=sys.stderr, flush=True))
 
 
@@ -184,13 +185,12 @@ def _run_policy(w: Workload, name: str, rates: list[float], plans: list[Any], ba
     cells: list[dict[str, Any]] = []
     try:
         for rate, plan in zip(rates, plans, strict=True):
-            cell = _cell(router, backends, plan, rate, opts)
+            runs = []
+            for _ in range(max(1, opts.repeat)):
+                runs.append(_cell(router, backends, plan, rate, opts))
+                _log_cell(opts, w.name, name, rate, runs[-1])
+            cell = median_run(runs)
             cells.append(cell)
-            opts.log(f"[{w.name}] {name:>20} {rate:5.1f} rps: ok {cell['success_rate']:.2f} "
-                     f"ttft p50 {_f(cell['ttft_p50_s'])} p90 {_f(cell['ttft_p90_s'])} s, "
-                     f"{cell['output_tok_s']:.0f} tok/s, cached {cell['cached_token_share']:.2f} "
-                     f"(ceiling {cell['ceiling_cached_share']:.2f}), spread cv {_f(cell['load_spread_cv'])}, "
-                     f"router cpu {cell['router_cpu_s']:.1f} s")  # fmt: skip
             if cell["success_rate"] < SATURATED_SUCCESS:
                 opts.log(f"[{w.name}] {name}: saturated at {rate} rps; higher rates skipped")
                 break
@@ -220,6 +220,27 @@ def _cell(router: Router, backends: Backends, plan: Any, rate: float, opts: RunO
         cell["picker_counters"] = {k: int(v - picker0.get(k, 0.0)) for k, v in picker1.items()
                                    if v - picker0.get(k, 0.0)}  # fmt: skip
     return cell
+
+
+REPEAT_KEYS = ("ttft_p50_s", "ttft_p90_s", "output_tok_s", "cached_share_of_ceiling", "success_rate")
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median TTFT p90 (a whole, real run, not a mix of runs); with several runs it also
+    carries each run's headline numbers under ``repeats``, so a report can show the spread."""
+    ordered = sorted(runs, key=lambda c: float("inf") if c["ttft_p90_s"] is None else c["ttft_p90_s"])
+    cell = dict(ordered[(len(ordered) - 1) // 2])
+    if len(runs) > 1:
+        cell["repeats"] = [{k: r.get(k) for k in REPEAT_KEYS} for r in runs]
+    return cell
+
+
+def _log_cell(opts: RunOptions, workload: str, name: str, rate: float, cell: dict[str, Any]) -> None:
+    opts.log(f"[{workload}] {name:>20} {rate:5.1f} rps: ok {cell['success_rate']:.2f} "
+             f"ttft p50 {_f(cell['ttft_p50_s'])} p90 {_f(cell['ttft_p90_s'])} s, "
+             f"{cell['output_tok_s']:.0f} tok/s, cached {cell['cached_token_share']:.2f} "
+             f"(ceiling {cell['ceiling_cached_share']:.2f}), spread cv {_f(cell['load_spread_cv'])}, "
+             f"router cpu {cell['router_cpu_s']:.1f} s")  # fmt: skip
 
 
 def _f(x: float | None) -> str:

@@ -54,7 +54,7 @@ def test_ceiling_share(prompts: list[list[int]], expected: float) -> None:
     assert ceiling_share(prompts) == pytest.approx(expected)
 
 
-def _cell(rate: float, ok: float, p90: float, tok_s: float, share: float = 0.5, ceil: float = 0.5) -> dict:
+def _cell(rate: float, ok: float, p90: float | None, tok_s: float, share: float = 0.5, ceil: float = 0.5) -> dict:
     return {
         "offered_rate_rps": rate,
         "success_rate": ok,
@@ -80,6 +80,19 @@ def test_goals_use_the_highest_rate_round_robin_completes() -> None:
     assert goals["precise output tok/s >= 1.5x round robin"]["met"] is True
     assert goals["precise cached share >= 90% of ceiling"]["met"] is True
     assert goals["tenants: precise TTFT p90 below the best peer"]["met"] is True  # at 2 rps: 0.3 < 0.4
+
+
+def test_repeated_runs_report_the_median_run_and_the_spread() -> None:
+    from bench.suite.runner import median_run
+
+    runs = [_cell(4, 1.0, 0.9, 100), _cell(4, 1.0, 0.4, 120), _cell(4, 1.0, None, 90), _cell(4, 1.0, 0.6, 110)]
+    cell = median_run(runs)
+    assert cell["ttft_p90_s"] == 0.6 and cell["output_tok_s"] == 110  # one whole run: the median by TTFT p90
+    assert [r["ttft_p90_s"] for r in cell["repeats"]] == [0.9, 0.4, None, 0.6]
+    assert "repeats" not in median_run(runs[:1])
+    doc = {"policies": {"precise": {}}, "workloads": {"tenants": {"rates_rps": [4], "policies": {
+        "precise": {"status": "ok", "cells": [cell]}}}}}  # fmt: skip
+    assert "0.60 s (0.40–0.90)" in "\n".join(report._summary(doc))
 
 
 def test_help_lists_workloads_and_policies() -> None:
