@@ -112,7 +112,11 @@ class SchedulingConfig(_Strict):
     )
     kv_penalty_s: float = Field(1.0, ge=0, description="the estimate's delay at 100% KV usage, past the threshold")
     stickiness_s: float = Field(
-        0.05, ge=0, description="prefer the warmest endpoint while its estimate is within this of the best"
+        0.2,
+        ge=0,
+        description="prefer the warmest endpoint while its estimate is within this of the best (0.2: at 0.05, "
+        "momentary queues on a saturated prefix-heavy fleet made warm backends spill and cascade; "
+        "bench/results/probe-stickiness-1.0/notes.md)",
     )
     min_prefix_share: float = Field(
         0.2, ge=0, le=1, description="a cached prefix below this share of the prompt counts as cold"
