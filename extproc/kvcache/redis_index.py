@@ -152,9 +152,8 @@ class RedisPrefixIndex:
         self._capacity = capacity_blocks
         self._prefix = f"{{{namespace}}}:".encode()
         self._shared = [self._prefix + k for k in (b"m", b"slots", b"free", b"u", b"holey", b"next")]
-        self._own_keys: dict[EndpointId, list[bytes]] = {}
+        self._own_keys: dict[EndpointId, tuple[list[bytes], bytes]] = {}
         self.lookups = LookupCounters()
-        self._own_packed: dict[EndpointId, bytes] = {}
         self._shared_resp = b"".join(_bulk(k) for k in self._shared[:5])
         self._match = client.register_script(lua.render(lua.MATCH, blob_arg=1))
         self._store = client.register_script(lua.render(lua.STORE, blob_arg=4))  # then the chain, the token
@@ -212,11 +211,7 @@ class RedisPrefixIndex:
         if isinstance(self._r, aioredis.Redis):
             reply = await self._call(self._match_packed(self._r, _blob(hashes), eps))
         else:  # a cluster client routes by slot itself
-            keys = self._shared[:5]
-            for e in eps:
-                keys.extend(self._own(e))
-            args: list[bytes | str] = [_blob(hashes), *eps]
-            reply = await self._call(self._match(keys=keys, args=args))
+            reply = await self._call(self._match(keys=self._match_keys(eps), args=[_blob(hashes), *eps]))
         how, *counts = reply.split()
         if how == b"b":
             self.lookups.bisected += 1
@@ -315,17 +310,15 @@ class RedisPrefixIndex:
             pass
         finally:
             await pool.release(conn)
-        keys = self._shared[:5] + [k for e in eps for k in self._own(e)]
-        return await self._match(keys=keys, args=[blob, *eps])  # loads the script
+        return await self._match(keys=self._match_keys(eps), args=[blob, *eps])  # loads the script
+
+    def _match_keys(self, eps: list[EndpointId]) -> list[bytes]:
+        """MATCH's KEYS: the shared ones it touches, then each endpoint's own three."""
+        return self._shared[:5] + [k for e in eps for k in self._own(e)]
 
     def _own_resp(self, endpoint: EndpointId) -> bytes:
-        """The endpoint's three keys as RESP bulk strings (cached with the key names)."""
-        packed = self._own_packed.get(endpoint)
-        if packed is None:
-            packed = b"".join(_bulk(k) for k in self._own(endpoint))
-            if len(self._own_packed) < 65_536:
-                self._own_packed[endpoint] = packed
-        return packed
+        """The endpoint's three keys as RESP bulk strings (for ``_match_packed``)."""
+        return self._own_entry(endpoint)[1]
 
     async def _load_scripts(self) -> None:
         """SCRIPT LOAD every script, so the first calls are one round trip too (EVALSHA still falls back)."""
@@ -334,13 +327,18 @@ class RedisPrefixIndex:
 
     def _own(self, endpoint: EndpointId) -> list[bytes]:
         """The endpoint's own keys: its HASH (what it holds, with expiries), LRU ZSET and expiry ZSET."""
-        own = self._own_keys.get(endpoint)
-        if own is None:
+        return self._own_entry(endpoint)[0]
+
+    def _own_entry(self, endpoint: EndpointId) -> tuple[list[bytes], bytes]:
+        """The endpoint's own keys and the same as RESP bulk strings, built once per endpoint."""
+        entry = self._own_keys.get(endpoint)
+        if entry is None:
             e = endpoint.encode()
-            own = [self._prefix + b"h:" + e, self._prefix + b"z:" + e, self._prefix + b"x:" + e]
+            keys = [self._prefix + b"h:" + e, self._prefix + b"z:" + e, self._prefix + b"x:" + e]
+            entry = keys, b"".join(_bulk(k) for k in keys)
             if len(self._own_keys) < 65_536:  # a bound, in case endpoint names churn without end
-                self._own_keys[endpoint] = own
-        return own
+                self._own_keys[endpoint] = entry
+        return entry
 
     def _capacity_for(self, endpoint: EndpointId) -> int | None:
         cap = self._capacity

@@ -95,6 +95,15 @@ local function mark(list, on)
   end
 end
 
+-- Add ``delta`` to the rooted-children count of ``h`` on the endpoint in K. False if it does not hold ``h``.
+local function bump_kids(h, delta)
+  local v = redis.call('HGET', K.H, h)
+  if not v then return false end
+  local exp, r, c, parent = parse(v)
+  if r then redis.call('HSET', K.H, h, rooted(exp, math.max(0, c + delta), parent)) end
+  return true
+end
+
 -- An endpoint with no entries left gives its slot back (no bitmap has it set any more) and is clean again.
 local function release()
   if redis.call('HLEN', K.H) == 0 then
@@ -143,14 +152,8 @@ local function forget(list)
   end
   mark(list, false)
   for parent, d in pairs(dec) do
-    if kids[parent] == nil then
-      local v = redis.call('HGET', K.H, parent)
-      if v then
-        local exp, r, c, pp = parse(v)
-        if r then redis.call('HSET', K.H, parent, rooted(exp, math.max(0, c - d), pp)) end
-      else
-        orphans = orphans - d  -- these were orphans already
-      end
+    if kids[parent] == nil and not bump_kids(parent, -d) then
+      orphans = orphans - d  -- their parent was gone: these were orphans already
     end
   end
   if unrooted > 0 then redis.call('HINCRBY', K.U, K.ep, -unrooted) end
@@ -200,20 +203,33 @@ for _, k in ipairs(alive) do
   if not group[i] then group[i] = {}; bytes[#bytes + 1] = i end
   group[i][#group[i] + 1] = k
 end
+-- Bitmap ``v`` follows ``before`` (nil: the first one): drop the live endpoints whose bit is off in ``v``,
+-- giving them ``d`` blocks. Only the bytes that changed are looked at (a live endpoint's bit was set in
+-- ``before``), so the cost is per changed byte, not per endpoint.
+local function narrow(v, before, d)
+  for _, i in ipairs(bytes) do
+    local b = string.byte(v, i) or 0
+    if not before or b ~= (string.byte(before, i) or 0) then
+      local keep = {}
+      for _, k in ipairs(group[i]) do
+        if bit.band(b, mask[k]) ~= 0 then keep[#keep + 1] = k else depth[k] = d; left = left - 1 end
+      end
+      group[i] = keep
+    end
+  end
+end
 -- Bisect when every live endpoint is clean: then each one's bit, along the request (a chain), is set on a
 -- prefix of the blocks, and only the places where some bit turns off need finding.
 if left == 0 then return 'b ' .. table.concat(depth, " ") end  -- nobody holds anything: nothing to walk
 local bisect = true
-if bisect then
-  local live_eps = {}
-  for x, k in ipairs(alive) do live_eps[x] = eps[k] end
-  local us = redis.call('HMGET', K.U, unpack(live_eps))
-  local hs = redis.call('HMGET', K.HOLEY, unpack(live_eps))
-  for x, k in ipairs(alive) do
-    if verify[k] or (hs[x] and tonumber(hs[x]) ~= 0) or (us[x] and tonumber(us[x]) ~= 0) then
-      bisect = false
-      break
-    end
+local live_eps = {}
+for x, k in ipairs(alive) do live_eps[x] = eps[k] end
+local us = redis.call('HMGET', K.U, unpack(live_eps))
+local hs = redis.call('HMGET', K.HOLEY, unpack(live_eps))
+for x, k in ipairs(alive) do
+  if verify[k] or (hs[x] and tonumber(hs[x]) ~= 0) or (us[x] and tonumber(us[x]) ~= 0) then
+    bisect = false
+    break
   end
 end
 if bisect then
@@ -253,31 +269,18 @@ if bisect then
   end
   if #lo == 0 then
     -- Each live endpoint holds the blocks up to where its bit turns off: off in block 0 -> 0; off after
-    -- edge p -> p + 1; never -> n. Only the bytes that change at an edge are looked at.
+    -- edge p -> p + 1; never -> n.
     table.sort(edges)
-    local function drop(v, before, d)
-      for _, i in ipairs(bytes) do
-        local b = string.byte(v, i) or 0
-        if not before or b ~= (string.byte(before, i) or 0) then
-          local keep = {}
-          for _, k in ipairs(group[i]) do
-            if bit.band(b, mask[k]) ~= 0 then keep[#keep + 1] = k else depth[k] = d end
-          end
-          group[i] = keep
-        end
-      end
-    end
-    drop(B[0], nil, 0)
-    for _, p in ipairs(edges) do drop(B[p + 1], B[p], p + 1) end
+    narrow(B[0], nil, 0)
+    for _, p in ipairs(edges) do narrow(B[p + 1], B[p], p + 1) end
     for _, i in ipairs(bytes) do
       for _, k in ipairs(group[i]) do depth[k] = n end
     end
     return 'b ' .. table.concat(depth, " ")
   end
 end
--- Otherwise walk the blocks in order. When a block's bitmap differs from the last one, only the groups whose
--- byte changed are checked (a live endpoint's bit was set in the last bitmap, so an unchanged byte keeps it),
--- so the cost is per changed byte, not per endpoint and block.
+-- Otherwise walk the blocks in order, narrowing the live endpoints whenever a block's bitmap differs from
+-- the last one.
 local d, prev, step = 0, nil, 16
 while left > 0 and d < n do
   local hi = math.min(n, d + step)
@@ -288,16 +291,7 @@ while left > 0 and d < n do
     local v = vals[j]
     if not v then stop = true; break end
     if v ~= prev then
-      for _, i in ipairs(bytes) do
-        local b = string.byte(v, i) or 0
-        if not prev or b ~= (string.byte(prev, i) or 0) then
-          local keep = {}
-          for _, k in ipairs(group[i]) do
-            if bit.band(b, mask[k]) ~= 0 then keep[#keep + 1] = k else depth[k] = d; left = left - 1 end
-          end
-          group[i] = keep
-        end
-      end
+      narrow(v, prev, d)
       prev = v
       if left == 0 then stop = true; break end
     end
@@ -429,13 +423,7 @@ for i = 1, n, CHUNK do
     redis.call('ZREM', K.X, unpack(F, i, j))  -- stored again without a ttl: never expires now
   end
 end
-for p, c in pairs(outside) do
-  local v = redis.call('HGET', K.H, p)
-  if v then
-    local e, r, kids, pp = parse(v)
-    if r then redis.call('HSET', K.H, p, rooted(e, kids + c, pp)) end
-  end
-end
+for p, c in pairs(outside) do bump_kids(p, c) end
 if unrooted ~= 0 then redis.call('HINCRBY', K.U, ep, unrooted) end
 if holey > 0 then redis.call('HINCRBY', K.HOLEY, ep, holey) end
 mark(F, true)
