@@ -150,10 +150,11 @@ class Ingest:
             if ops and ops[-1][0] == op[0]:
                 kind, hashes, segments = ops[-1]
                 if segments is not None and op[2] is not None:
-                    segments = segments + [(len(hashes) + start, parent) for start, parent in op[2]]
+                    segments.extend((len(hashes) + start, parent) for start, parent in op[2])
                 else:
                     segments = None  # one part without a chain: claim none for the call
-                ops[-1] = (kind, hashes + op[1], segments)
+                hashes.extend(op[1])  # in place: a batch of many events is not copied again per event
+                ops[-1] = (kind, hashes, segments)
             else:
                 ops.append(op)
         return ops
