@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+
+import pytest
 
 from extproc.tasks import stop_task
 
@@ -27,11 +30,14 @@ async def test_a_task_that_swallows_cancellations_is_cancelled_again_until_it_en
     assert task.cancelled() and swallowed == 3
 
 
-async def test_done_and_missing_tasks_and_failures_are_fine() -> None:
+async def test_done_and_missing_tasks_and_failures_are_fine(caplog: pytest.LogCaptureFixture) -> None:
     async def fails() -> None:
         raise RuntimeError("boom")
 
-    task = asyncio.create_task(fails())
+    task = asyncio.create_task(fails(), name="failing")
     await asyncio.sleep(0)
-    await stop_task(task)  # logged, not raised
+    with caplog.at_level(logging.WARNING, logger="extproc.tasks"):
+        await stop_task(task)  # logged, not raised
+    assert task.done() and isinstance(task.exception(), RuntimeError)
+    assert "failing ended with RuntimeError('boom')" in caplog.text
     await stop_task(None)
