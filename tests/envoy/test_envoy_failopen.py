@@ -10,7 +10,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from tests.support.envoy import EchoBackend, EnvoyFactory, envoy_factory
+from tests.support.envoy import EchoBackend, EnvoyFactory, SilentPicker, envoy_factory
 from tests.support.ports import free_port
 
 __all__ = ["envoy_factory"]  # the fixture, imported so pytest finds it
@@ -54,11 +54,13 @@ async def test_picker_down_fails_open_round_robin_and_ignores_client_destination
 async def test_route_body_limit_governs_a_10_mib_body(
     envoy_factory: EnvoyFactory, body_limit_bytes: int, expected_status: int
 ) -> None:
-    # The picker is down, so ext_proc fails open; Envoy still buffers the body while it waits for the
-    # picker, so the route's request_body_buffer_limit decides (the 1 MiB row shows the limit is live).
+    # The picker hangs (accepts, never answers), so Envoy buffers the body for ext_proc while it waits, and the
+    # route's request_body_buffer_limit decides (the 1 MiB row shows the limit is live); after the message
+    # timeout ext_proc fails open. (With a refused port instead, Envoy could fail open before buffering.)
     body = b'{"prompt": "' + b"x" * (10 * MIB) + b'"}'
-    async with EchoBackend() as backend:
-        envoy = envoy_factory([backend.endpoint], body_limit_bytes=body_limit_bytes)
+    async with EchoBackend() as backend, SilentPicker() as picker:
+        envoy = envoy_factory([backend.endpoint], body_limit_bytes=body_limit_bytes, picker_port=picker.port,
+                              message_timeout_s=0.5)
         async with aiohttp.ClientSession() as session:
             resp = await _post(session, envoy.url("/v1/chat/completions"), body)
 

@@ -20,6 +20,7 @@ free ports, the pytest fixture and ``EchoBackend``.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ __all__ = [
     "EnvoyFactory",
     "EnvoyProcess",
     "EnvoyStartError",
+    "SilentPicker",
     "envoy_binary",
     "envoy_factory",
     "options_for_test",
@@ -101,6 +103,31 @@ def envoy_factory(tmp_path: Path) -> Iterator[EnvoyFactory]:
     yield make
     for envoy in started:
         envoy.stop()
+
+
+class SilentPicker:
+    """A "picker" that accepts connections and never answers: Envoy's ext_proc stream stays open until its
+    message timeout, so the request body is buffered meanwhile (a refused port can fail open first)."""
+
+    def __init__(self) -> None:
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._writers: list[asyncio.StreamWriter] = []
+
+    async def _hold(self, _reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.append(writer)  # kept open, unread, until the picker stops
+
+    async def __aenter__(self) -> SilentPicker:
+        self._server = await asyncio.start_server(self._hold, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for writer in self._writers:
+            writer.close()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
 
 
 class EchoBackend:
