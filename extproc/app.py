@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import uuid
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from extproc.backends.scraper import Scraper
 from extproc.backends.shared_load import SharedLoad
 from extproc.config import RouterConfig
 from extproc.kvcache.feed import EventFeed, sources_from_config
+from extproc.kvcache.hash_cache import CachedHasher, HashCacheStats
 from extproc.kvcache.hashing import BlockHasher
 from extproc.kvcache.index import PrefixIndex
 from extproc.kvcache.lease import StreamLeases
@@ -32,12 +34,13 @@ from extproc.kvcache.memory_index import MemoryPrefixIndex
 from extproc.kvcache.mirrored_index import MirroredIndex
 from extproc.kvcache.redis_index import RedisPrefixIndex
 from extproc.kvcache.subscriber import EventSource
-from extproc.observability import CountersCollector, PreciseGauge, RouterMetrics
+from extproc.observability import CountersCollector, PreciseGauge, RouterMetrics, TokenizerCollector
 from extproc.pools import SchemeResolver, TenantResolver
+from extproc.prompt.encoders import ShadowCheck
 from extproc.prompt.preparer import build_preparer
 from extproc.protocol.exchange import ProcessorOptions
 from extproc.protocol.server import RunningServer, start_server
-from extproc.router import Router, RouterDeps, RouterSettings
+from extproc.router import PendingHashes, Router, RouterDeps, RouterSettings
 from extproc.scheduling.estimate import EstimatorParams
 from extproc.scheduling.profiles import Profile, TtftProfile, WeightedProfile
 from extproc.types import BlockHash, Endpoint, EndpointId, HashScheme, LoraAdapter
@@ -46,18 +49,32 @@ log = logging.getLogger(__name__)
 
 
 class HasherCache:
-    """One ``BlockHasher`` per scheme (hashers keep per-scheme memo state), used as the router's ``Hasher``."""
+    """One ``CachedHasher`` per scheme (each keeps its token memo and prefix cache), as the router's ``Hasher``.
 
-    def __init__(self) -> None:
-        self._hashers: dict[HashScheme, BlockHasher] = {}
+    ``max_bytes`` bounds each scheme's prefix cache (a fleet has one scheme per model pool, usually one).
+    """
 
-    def __call__(
-        self, scheme: HashScheme, tokens: object, lora: LoraAdapter | None, salt: str | None
-    ) -> list[BlockHash]:
+    def __init__(self, max_bytes: int = 64 << 20) -> None:
+        self._max_bytes = max_bytes
+        self._hashers: dict[HashScheme, CachedHasher] = {}
+
+    def start(
+        self, scheme: HashScheme, tokens: Sequence[int], lora: LoraAdapter | None, salt: str | None
+    ) -> PendingHashes:
+        return self._for(scheme).start(tokens, lora=lora, cache_salt=salt)
+
+    def finish(self, scheme: HashScheme, pending: PendingHashes) -> list[BlockHash]:
+        return self._for(scheme).finish(pending)  # type: ignore[arg-type]
+
+    def stats(self) -> list[tuple[str, HashCacheStats]]:
+        """Each scheme's cache counters, labelled ``algo/block_size``."""
+        return [(f"{s.algo}/{s.block_size}", h.stats) for s, h in list(self._hashers.items())]
+
+    def _for(self, scheme: HashScheme) -> CachedHasher:
         hasher = self._hashers.get(scheme)
         if hasher is None:
-            hasher = self._hashers.setdefault(scheme, BlockHasher(scheme))
-        return hasher.hash_blocks(tokens, lora=lora, cache_salt=salt)  # type: ignore[arg-type]
+            hasher = self._hashers.setdefault(scheme, CachedHasher(BlockHasher(scheme), max_bytes=self._max_bytes))
+        return hasher
 
 
 def build_profile(config: RouterConfig) -> Profile:
@@ -107,6 +124,8 @@ class App:
         self.executor = ThreadPoolExecutor(config.limits.tokenizer_workers, thread_name_prefix="tokenize")
         # Hashing gets its own thread: behind busy tokenizer threads it queued for tens of ms under load.
         self.hash_executor = ThreadPoolExecutor(1, thread_name_prefix="hash")
+        # Shadow tokenizer checks (HF re-encodes of sampled requests) never queue behind or ahead of requests.
+        self.check_executor = ThreadPoolExecutor(1, thread_name_prefix="tokcheck")
         self.scraper = Scraper(
             self.registry,
             {EndpointId(e.address): f"http://{e.address}" for e in config.endpoints},
@@ -255,12 +274,23 @@ class App:
         known = state.endpoint.num_gpu_blocks if state else None
         return known or self.config.index.approx_capacity_blocks
 
+    def _count_tokenizer_check(self, model: str, matched: bool) -> None:
+        self.metrics.tokenizer_checks.labels(model, "match" if matched else "mismatch").inc()
+
     def _router_deps(self) -> RouterDeps:
         config = self.config
-        self.preparer = build_preparer(config, self._base, self.executor)
+        shadow = ShadowCheck(
+            config.tokenizer.verify_fraction, self.check_executor,
+            on_result=self._count_tokenizer_check,
+        )  # fmt: skip
+        self.preparer = build_preparer(config, self._base, self.executor, shadow)
+        hasher = HasherCache(config.tokenizer.hash_cache_mib << 20)
+        self.metrics.registry.register(
+            TokenizerCollector(self.preparer.tokenizers.encoders, self.preparer.tokenizers.segment_stats, hasher.stats)
+        )
         return RouterDeps(
             preparer=self.preparer,
-            hasher=HasherCache(),
+            hasher=hasher,
             scheme_for=self.schemes,
             tenant_for=TenantResolver(config.tenants),
             registry=self.registry,
@@ -342,3 +372,4 @@ class App:
         await self.approx.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.hash_executor.shutdown(wait=False, cancel_futures=True)
+        self.check_executor.shutdown(wait=False, cancel_futures=True)

@@ -174,6 +174,30 @@ class IndexConfig(_Strict):
     max_blocks: int = Field(8192, gt=0, description="hash at most this many leading blocks per request")
 
 
+class TokenizerConfig(_Strict):
+    encoder: Literal["auto", "hf"] = Field(
+        "auto",
+        description="auto: a fast exact encoder (fastokens) for each model whose tokenizer it loads and that "
+        "equals HF tokenizers on the start-up self-check, HF otherwise; hf: always HF tokenizers (vLLM's own)",
+    )
+    segment_cache_mib: int = Field(
+        64, ge=0, description="fast encoder: cache of text between added tokens, reused across requests; 0 = off"
+    )
+    verify_fraction: float = Field(
+        0.01,
+        ge=0,
+        le=1,
+        description="share of fast encodings re-encoded with HF off the hot path; a mismatch switches that "
+        "model to HF (router_tokenizer_checks{result=\"mismatch\"})",
+    )
+    inline_body_bytes: int = Field(
+        64 * 1024, ge=0, description="bodies up to this are rendered and encoded on the event loop (fast encoder)"
+    )
+    hash_cache_mib: int = Field(
+        64, ge=0, description="block hashes of recent token prefixes: a repeat prefix is not hashed again; 0 = off"
+    )
+
+
 class LimitsConfig(_Strict):
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0)
     tokenize_timeout_s: float = Field(1.0, gt=0)
@@ -213,6 +237,7 @@ class RouterConfig(_Strict):
     limits: LimitsConfig = LimitsConfig()
     protocol: ProtocolConfig = ProtocolConfig()
     logging: LoggingConfig = LoggingConfig()
+    tokenizer: TokenizerConfig = TokenizerConfig()
     tokenizer_cache_dir: str = "tokenizer_cache"
 
     @model_validator(mode="after")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import fields
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -48,6 +49,12 @@ class RouterMetrics:
             ["outcome"],
             registry=registry,
         )
+        self.tokenizer_checks = Counter(
+            "router_tokenizer_checks",
+            "Fast encodings re-encoded with HF tokenizers off the hot path, by result (match, mismatch)",
+            ["model", "result"],
+            registry=registry,
+        )
         self.endpoint_healthy = Gauge(
             "router_endpoint_healthy", "1 if the endpoint is eligible", ["endpoint"], registry=registry
         )
@@ -79,6 +86,60 @@ class PreciseGauge(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         yield GaugeMetricFamily("router_precise_endpoints", "Endpoints routed by their KV events", value=self._count())
+
+
+class EncoderInfo(Protocol):
+    @property
+    def model(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def fallback_reason(self) -> str | None: ...
+
+
+class TokenizerCollector(Collector):
+    """At scrape time: each model's encoder, the fast encoder's segment cache and the block-hash cache.
+
+    ``router_tokenizer_encoder{model,encoder}`` is 1 for the encoder in use; ``router_tokenizer_fallback``
+    is 1 where the fast encoder was dropped for HF (self-check or live mismatch; the log says why).
+    """
+
+    def __init__(
+        self,
+        encoders: Callable[[], Iterable[EncoderInfo]],
+        segment_stats: Callable[[], dict[str, dict[str, int]]],
+        hash_stats: Callable[[], Iterable[tuple[str, object]]],
+    ) -> None:
+        self._encoders = encoders
+        self._segment_stats = segment_stats
+        self._hash_stats = hash_stats
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        enc = GaugeMetricFamily(
+            "router_tokenizer_encoder", "1 for the encoder a model uses", labels=["model", "encoder"]
+        )
+        fell = GaugeMetricFamily("router_tokenizer_fallback", "1: fast encoder dropped for HF", labels=["model"])
+        for e in self._encoders():
+            enc.add_metric([e.model, e.name], 1)
+            fell.add_metric([e.model], 1 if e.fallback_reason else 0)
+        yield enc
+        yield fell
+        segments = self._segment_stats()
+        for key, kind in (("hits", "counter"), ("misses", "counter"), ("hit_bytes", "counter"),
+                          ("miss_bytes", "counter"), ("entries", "gauge"), ("bytes", "gauge")):  # fmt: skip
+            name, doc = f"router_tokenizer_segment_cache_{key}", f"fast encoder segment cache: {key}"
+            family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(name, doc, labels=["model"])
+            for model, counts in segments.items():
+                family.add_metric([model], counts.get(key, 0))
+            yield family
+        hashes = list(self._hash_stats())
+        for key, kind in (("hit_blocks", "counter"), ("miss_blocks", "counter"), ("entries", "gauge"),
+                          ("bytes", "gauge")):  # fmt: skip
+            name, doc = f"router_hash_cache_{key}", f"block-hash prefix cache: {key}"
+            family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(name, doc, labels=["scheme"])
+            for scheme, stats in hashes:
+                family.add_metric([scheme], getattr(stats, key))
+            yield family
 
 
 class PhaseTimer:

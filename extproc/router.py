@@ -49,7 +49,7 @@ HEADER_REASON = "x-router-reason"
 HEADER_CACHED = "x-router-cached-tokens"
 HEADER_PROMPT = "x-router-prompt-tokens"
 _LOGGED_BODY_BYTES = 512
-_INLINE_HASH_BLOCKS = 512  # longer prompts (~0.6 ms+) are hashed off the event loop
+_INLINE_HASH_BLOCKS = 256  # more uncached blocks than this (~0.6 ms+) are hashed off the event loop
 _SERVED_MEMORY = 1024  # picks remembered until Envoy reports the served endpoint (oldest forgotten first)
 _FROM_ROOT = Chain.from_root()  # a prompt's block hashes start at its first block
 
@@ -61,10 +61,25 @@ class Preparer(Protocol):
         ...
 
 
+class PendingHashes(Protocol):
+    """A prompt's hashing, looked up but not finished: ``missing_blocks`` still need SHA-256."""
+
+    @property
+    def missing_blocks(self) -> int: ...
+
+
 class Hasher(Protocol):
-    def __call__(
+    """Block hashing in two steps, so the router can run the expensive one off the event loop."""
+
+    def start(
         self, scheme: HashScheme, tokens: Sequence[int], lora: LoraAdapter | None, salt: str | None
-    ) -> list[BlockHash]: ...
+    ) -> PendingHashes:
+        """Cheap: find what is known (a prefix cache), hash nothing."""
+        ...
+
+    def finish(self, scheme: HashScheme, pending: PendingHashes) -> list[BlockHash]:
+        """Hash what is missing; every full block's key, in order."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,12 +199,11 @@ class Router:
             return []
         tokens = tokens[: self._s.max_blocks * scheme.block_size]
         try:
-            if len(tokens) <= _INLINE_HASH_BLOCKS * scheme.block_size:
-                return self._d.hasher(scheme, tokens, prepared.lora, prepared.cache_salt)
+            pending = self._d.hasher.start(scheme, tokens, prepared.lora, prepared.cache_salt)
+            if pending.missing_blocks <= _INLINE_HASH_BLOCKS:
+                return self._d.hasher.finish(scheme, pending)
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(
-                self._d.executor, self._d.hasher, scheme, tokens, prepared.lora, prepared.cache_salt
-            )
+            return await loop.run_in_executor(self._d.executor, self._d.hasher.finish, scheme, pending)
         except UnicodeEncodeError:
             # sha256_cbor cannot encode a cache_salt holding a lone surrogate (JSON "\ud800"): no block keys
             # exist for it (vLLM cannot hash it either), so the request is routed by load.

@@ -171,17 +171,39 @@ class BlockHasher:
         count = len(token_ids) // size
         if max_blocks is not None:
             count = max(0, min(count, max_blocks))
+        return self.hash_digests_from(token_ids[: count * size], parent=None, lora=lora, cache_salt=cache_salt)
+
+    def hash_digests_from(
+        self,
+        token_ids: Sequence[int],
+        *,
+        parent: bytes | None,
+        lora: LoraAdapter | None = None,
+        cache_salt: str | None = None,
+        first_block: bool = True,
+    ) -> list[BlockDigest]:
+        """Digests of the full blocks of ``token_ids``, chained on from ``parent`` (None: ``NONE_HASH``).
+
+        ``first_block``: ``token_ids`` start at the prompt's block 0 (which carries the salt); else they
+        continue a prompt whose earlier blocks ended in ``parent`` (the prefix cache resumes this way).
+        """
+        size = self.scheme.block_size
+        count = len(token_ids) // size
         if count == 0:
             return []
         first, rest = extra_keys_for(lora, cache_salt)
+        if not first_block:
+            first = rest
         tokens = token_ids[: count * size]
+        start = parent if parent is not None else self._none_hash
         if self._cbor:
-            return self._chain_cbor(tokens, size, first, rest)
-        return self._chain_pickle(tokens, size, first, rest)
+            return self._chain_cbor(tokens, size, first, rest, start)
+        return self._chain_pickle(tokens, size, first, rest, start)
 
-    def _chain_pickle(self, tokens: Sequence[int], size: int, first: ExtraKeys, rest: ExtraKeys) -> list[BlockDigest]:
+    def _chain_pickle(
+        self, tokens: Sequence[int], size: int, first: ExtraKeys, rest: ExtraKeys, parent: bytes
+    ) -> list[BlockDigest]:
         sha, dumps = hashlib.sha256, pickle.dumps
-        parent = self._none_hash
         out: list[bytes] = []
         for start in range(0, len(tokens), size):
             extra = first if start == 0 else rest
@@ -190,7 +212,9 @@ class BlockHasher:
             out.append(parent)
         return cast(list[BlockDigest], out)  # NewType without a per-block call
 
-    def _chain_cbor(self, tokens: Sequence[int], size: int, first: ExtraKeys, rest: ExtraKeys) -> list[BlockDigest]:
+    def _chain_cbor(
+        self, tokens: Sequence[int], size: int, first: ExtraKeys, rest: ExtraKeys, parent: bytes
+    ) -> list[BlockDigest]:
         # Each token's CBOR is looked up once (memoized per hasher), then every block is one join and one
         # SHA-256: about 2x faster than cbor2.dumps per block.
         encoded = self._encode_tokens(tokens)
@@ -199,7 +223,6 @@ class BlockHasher:
         sha, join = hashlib.sha256, b"".join
         prefix = b"\x83" + _cbor_head(2, len(self._none_hash))  # parents are always 32-byte digests
         array_head = _cbor_head(4, size)
-        parent = self._none_hash
         out: list[bytes] = []
         for start in range(0, len(encoded), size):
             extra = extra_first if start == 0 else extra_rest

@@ -17,9 +17,10 @@ from pathlib import Path
 
 from extproc.config import RouterConfig
 from extproc.errors import BadRequest, RouterError
+from extproc.prompt.encoders import ShadowCheck, TokenIds
 from extproc.prompt.models import Adapter, BaseModel, ModelRegistry
 from extproc.prompt.openai import ParsedRequest, RequestKind, kind_for_path, parse_request
-from extproc.prompt.tokenizers import PromptTokenizer, TokenizeFailed, TokenizerRegistry
+from extproc.prompt.tokenizers import EncoderSettings, PromptTokenizer, TokenizeFailed, TokenizerRegistry
 from extproc.types import HashScheme, HttpRequest, LoraAdapter, PreparedPrompt
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,11 @@ class RequestPreparer:
         self._executor = executor
         self._max_body_bytes = max_body_bytes
         self._clock = clock
+
+    @property
+    def tokenizers(self) -> TokenizerRegistry:
+        """The loaded tokenizers (read by the metrics collector)."""
+        return self._tokenizer.registry
 
     async def warm_up(self) -> dict[str, str]:
         """Load every base model's tokenizer now, on the executor (call once from ``App.start``).
@@ -75,7 +81,7 @@ class RequestPreparer:
         parse_s = self._clock() - start
         base, lora = self._models.resolve(parsed.model)
         try:
-            tokens: list[int] | None = await self._tokenizer.render_and_tokenize(parsed, base)
+            tokens: TokenIds | None = await self._tokenizer.render_and_tokenize(parsed, base, len(request.body))
         except TokenizeFailed as exc:
             log.debug("request %s: tokenization failed, routing by load: %s", request.request_id, exc)
             tokens = None
@@ -113,12 +119,18 @@ def registry_from_config(config: RouterConfig, base_dir: Path) -> ModelRegistry:
     return ModelRegistry(models, adapters)
 
 
-def build_preparer(config: RouterConfig, base_dir: Path, executor: Executor) -> RequestPreparer:
+def build_preparer(
+    config: RouterConfig, base_dir: Path, executor: Executor, shadow: ShadowCheck | None = None
+) -> RequestPreparer:
     """The composition root's entry point: registry, tokenizers (loaded lazily) and preparer from config."""
-    tokenizers = TokenizerRegistry(base_dir / config.tokenizer_cache_dir)
+    tok = config.tokenizer
+    encoders = EncoderSettings(
+        fast=tok.encoder == "auto", segment_cache_bytes=tok.segment_cache_mib << 20, shadow=shadow
+    )
+    tokenizers = TokenizerRegistry(base_dir / config.tokenizer_cache_dir, encoders=encoders)
     prompt_tokenizer = PromptTokenizer(
         tokenizers, executor, timeout_s=config.limits.tokenize_timeout_s,
-        max_pending=max(8, 16 * config.limits.tokenizer_workers),
+        max_pending=max(8, 16 * config.limits.tokenizer_workers), inline_bytes=tok.inline_body_bytes,
     )  # fmt: skip
     return RequestPreparer(
         registry_from_config(config, base_dir), prompt_tokenizer, executor,

@@ -10,8 +10,9 @@ Synchronous, CPU-bound and pure given a tokenizer: ``tokenizers.py`` runs it on 
    (``add_generation_prompt``, ``continue_final_message``, ``documents``, ``reasoning_effort``, and
    ``enable_thinking = reasoning_effort != "none"`` unless the request set it), then filtered to the variables
    the template declares plus HF's own parameters.
-3. ``tokenizer.apply_chat_template(conversation, tools=..., tokenize=True, return_dict=False, **kwargs)``;
-   with ``add_special_tokens=true`` the rendered text is encoded with special tokens instead.
+3. ``tokenizer.apply_chat_template(conversation, tools=..., tokenize=False, **kwargs)`` renders the text, which
+   the encoder (``encoders.py``: HF or a fast encoder proven equal) encodes with ``add_special_tokens`` as the
+   request says (default false). That is what ``apply_chat_template(..., tokenize=True)`` does inside HF.
 4. ``truncate_prompt_tokens`` keeps the last N tokens (``truncation_side="right"``: the first N).
 
 Message text is template *data*: ``{{ 7*7 }}`` inside a message renders as those literal characters.
@@ -32,6 +33,7 @@ import jinja2.nodes
 import jinja2.parser
 import jinja2.sandbox
 
+from extproc.prompt.encoders import HfEncoder, TextEncoder, TokenIds
 from extproc.prompt.openai import ParsedRequest, RequestKind
 
 _TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text", "refusal", "thinking"})
@@ -101,17 +103,21 @@ def _template_variables(source: str) -> frozenset[str] | None:
         return None
 
 
-def render_and_tokenize_sync(tokenizer: ChatTokenizer, info: TemplateInfo, parsed: ParsedRequest) -> list[int]:
+def render_and_tokenize_sync(
+    tokenizer: ChatTokenizer, info: TemplateInfo, parsed: ParsedRequest, encoder: TextEncoder | None = None
+) -> TokenIds:
     """Token ids of ``parsed`` as vLLM computes them. Raises ``TokenizeFailed`` for anything it cannot do.
 
+    ``tokenizer`` renders the chat template; ``encoder`` (default: ``tokenizer`` itself, i.e. HF) encodes.
     Completion batches tokenize their first prompt only (the one routing uses); token-id prompts are returned
     as they are (after truncation).
     """
+    encoder = encoder or HfEncoder(tokenizer)
     try:
         if parsed.kind is RequestKind.CHAT:
-            tokens = _chat_tokens(tokenizer, info, parsed)
+            tokens = _chat_tokens(tokenizer, encoder, info, parsed)
         else:
-            tokens = _completion_tokens(tokenizer, parsed)
+            tokens = _completion_tokens(encoder, parsed)
     except TokenizeFailed:
         raise
     except Exception as exc:  # jinja2, tokenizers, or a template raising on odd input: all route by load
@@ -119,7 +125,7 @@ def render_and_tokenize_sync(tokenizer: ChatTokenizer, info: TemplateInfo, parse
     return truncate(tokens, parsed.truncate_prompt_tokens, parsed.truncation_side)
 
 
-def truncate(tokens: list[int], keep: int | None, side: str | None) -> list[int]:
+def truncate(tokens: TokenIds, keep: int | None, side: str | None) -> TokenIds:
     """vLLM's ``truncate_prompt_tokens``: None or -1 (max_model_len, unknown here) keep everything."""
     if keep is None or keep < 0 or keep >= len(tokens):
         return tokens
@@ -128,34 +134,29 @@ def truncate(tokens: list[int], keep: int | None, side: str | None) -> list[int]
     return tokens[:keep] if side == "right" else tokens[-keep:]
 
 
-def _completion_tokens(tokenizer: ChatTokenizer, parsed: ParsedRequest) -> list[int]:
+def _completion_tokens(encoder: TextEncoder, parsed: ParsedRequest) -> TokenIds:
     prompt = parsed.prompt
     if prompt is None:
         raise TokenizeFailed("prompt_embeds requests cannot be tokenized")
     if isinstance(prompt, tuple):
         return list(prompt)
-    return _ids(tokenizer(prompt, add_special_tokens=parsed.add_special_tokens))
+    return encoder.encode(prompt, add_special_tokens=parsed.add_special_tokens)
 
 
-def _chat_tokens(tokenizer: ChatTokenizer, info: TemplateInfo, parsed: ParsedRequest) -> list[int]:
+def _chat_tokens(tokenizer: ChatTokenizer, encoder: TextEncoder, info: TemplateInfo, parsed: ParsedRequest) -> TokenIds:
+    return encoder.encode(render_chat_text(tokenizer, info, parsed), add_special_tokens=parsed.add_special_tokens)
+
+
+def render_chat_text(tokenizer: ChatTokenizer, info: TemplateInfo, parsed: ParsedRequest) -> str:
+    """The chat prompt's rendered text, before encoding (steps 1-3 of the module docstring, without encoding)."""
     if parsed.chat_template is not None:
         raise TokenizeFailed("request-supplied chat_template is not rendered by the router")
     conversation = to_conversation(parsed.messages, info)
     kwargs = template_kwargs(parsed, info)
-    tools = tool_dicts(parsed.tools)
-    if not parsed.add_special_tokens:
-        return _ids(
-            tokenizer.apply_chat_template(conversation, tools=tools, tokenize=True, return_dict=False, **kwargs)
-        )
-    text = tokenizer.apply_chat_template(conversation, tools=tools, tokenize=False, **kwargs)
-    return _ids(tokenizer(text, add_special_tokens=True))
-
-
-def _ids(result: Any) -> list[int]:
-    ids = result["input_ids"] if isinstance(result, Mapping) or hasattr(result, "keys") else result
-    if not isinstance(ids, list) or (ids and isinstance(ids[0], list)):
-        raise TokenizeFailed(f"tokenizer returned {type(ids).__name__}, not a flat list of ids")
-    return list(map(int, ids))  # plain ints: the hashing contract
+    text = tokenizer.apply_chat_template(conversation, tools=tool_dicts(parsed.tools), tokenize=False, **kwargs)
+    if not isinstance(text, str):
+        raise TokenizeFailed(f"chat template rendered {type(text).__name__}, not text")
+    return text
 
 
 def template_kwargs(parsed: ParsedRequest, info: TemplateInfo) -> dict[str, Any]:

@@ -1,15 +1,18 @@
-"""Tokenizers per base model, loaded offline, and rendering + tokenization off the event loop.
+"""Tokenizers per base model, loaded offline, and rendering + tokenization on or off the event loop.
 
 ``TokenizerRegistry`` loads ``tokenizer_cache/<model>/`` with ``local_files_only=True`` (lazily, or all at
-once with ``preload``); ``PromptTokenizer`` runs ``render.render_and_tokenize_sync`` on an injected, bounded
-executor with a timeout. Every failure becomes ``TokenizeFailed``: the router then routes by load and the
-request still goes through. ``transformers``' Rust tokenizers release the GIL while encoding, so worker
-threads give real parallelism for the expensive part.
+once with ``preload``) and picks each model's encoder (``encoders.py``): the fast one when it loads and passes
+its self-check against HF, else HF. ``PromptTokenizer`` runs ``render.render_and_tokenize_sync``: inline on
+the event loop for short prompts on a fast encoder (cheaper than the executor hop), otherwise on an injected,
+bounded executor with a timeout. Every failure becomes ``TokenizeFailed``: the router then routes by load and
+the request still goes through. Both encoders release the GIL while encoding, so worker threads give real
+parallelism for the expensive part.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -18,7 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from extproc.kvcache.hashing import BlockHasher
+from extproc.prompt.encoders import (
+    ENCODER_FAST,
+    EncoderChoice,
+    FastEncoder,
+    HfEncoder,
+    ShadowCheck,
+    TokenIds,
+    check_corpus,
+    self_check,
+)
 from extproc.prompt.models import BaseModel
 from extproc.prompt.openai import ParsedRequest, RequestKind
 from extproc.prompt.render import (
@@ -29,10 +41,10 @@ from extproc.prompt.render import (
     truncate,
 )
 from extproc.prompt.tokenizer_cache import model_dir
-from extproc.types import BlockHash, LoraAdapter
 
 __all__ = ["LoadedTokenizer", "PromptTokenizer", "TokenizeFailed", "TokenizerRegistry", "load_hf_tokenizer"]
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 Loader = Callable[[Path], ChatTokenizer]
 
@@ -46,11 +58,21 @@ def load_hf_tokenizer(folder: Path) -> ChatTokenizer:
 
 
 @dataclass(frozen=True, slots=True)
+class EncoderSettings:
+    """How models' encoders are chosen (config ``tokenizer.*``)."""
+
+    fast: bool = True  # use a fast encoder where one loads and passes the self-check
+    segment_cache_bytes: int = 64 << 20  # the fast encoder's segment cache; 0 = off
+    shadow: ShadowCheck | None = None  # sampled live comparison with HF
+
+
+@dataclass(frozen=True, slots=True)
 class LoadedTokenizer:
-    """A base model's tokenizer and what we derived from its chat template."""
+    """A base model's tokenizer (renders the template), its encoder and what we derived from its template."""
 
     tokenizer: ChatTokenizer
     info: TemplateInfo
+    encoder: EncoderChoice
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,9 +87,17 @@ class TokenizerRegistry:
     A failed load is remembered for ``retry_after_s`` so a missing folder does not cost a load per request.
     """
 
-    def __init__(self, cache_root: Path, *, loader: Loader = load_hf_tokenizer, retry_after_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        cache_root: Path,
+        *,
+        loader: Loader = load_hf_tokenizer,
+        retry_after_s: float = 30.0,
+        encoders: EncoderSettings | None = None,
+    ) -> None:
         self._root = cache_root
         self._loader = loader
+        self._encoders = encoders or EncoderSettings()
         self._retry_after_s = retry_after_s
         self._loaded: dict[str, LoadedTokenizer | _Failure] = {}  # {model name: tokenizer or last failure}
         self._locks: dict[str, threading.Lock] = {}
@@ -92,6 +122,24 @@ class TokenizerRegistry:
             raise TokenizeFailed(entry.message)
         return entry
 
+    def loaded(self, model: BaseModel) -> LoadedTokenizer | None:
+        """The tokenizer of ``model`` if it is loaded already (never loads; safe on the event loop)."""
+        entry = self._loaded.get(model.name)
+        return entry if isinstance(entry, LoadedTokenizer) else None
+
+    def encoders(self) -> list[EncoderChoice]:
+        """The encoder choice of every loaded model (for metrics and the log)."""
+        return [e.encoder for e in list(self._loaded.values()) if isinstance(e, LoadedTokenizer)]
+
+    def segment_stats(self) -> dict[str, dict[str, int]]:
+        """{model: its fast encoder's segment-cache counters} for the models that have one."""
+        out: dict[str, dict[str, int]] = {}
+        for choice in self.encoders():
+            stats = choice.fast.cache_stats() if isinstance(choice.fast, FastEncoder) else None
+            if stats is not None:
+                out[choice.model] = stats
+        return out
+
     def preload(self, models: list[BaseModel]) -> dict[str, str]:
         """Load every model now (at startup, off the loop); returns {model name: error} for the failures."""
         errors: dict[str, str] = {}
@@ -113,7 +161,25 @@ class TokenizerRegistry:
             info = TemplateInfo.of(tokenizer.chat_template, model.content_format, model.default_chat_template_kwargs)
         except Exception as exc:  # OSError, ValueError, anything a tokenizer folder can throw at us
             return _Failure(f"cannot load the tokenizer of {model.name!r} from {folder}: {exc}", time.monotonic())
-        return LoadedTokenizer(tokenizer, info)
+        return LoadedTokenizer(tokenizer, info, self._choose_encoder(model.name, tokenizer))
+
+    def _choose_encoder(self, name: str, tokenizer: ChatTokenizer) -> EncoderChoice:
+        """HF, or the fast encoder once it equals HF on ``check_corpus`` (a failed check is logged)."""
+        reference = HfEncoder(tokenizer)
+        choice = EncoderChoice(name, reference, shadow=self._encoders.shadow)
+        if not self._encoders.fast:
+            return choice
+        fast = FastEncoder.from_hf(tokenizer, segment_cache_bytes=self._encoders.segment_cache_bytes)
+        if fast is None:
+            return choice
+        added = [str(getattr(t, "content", t)) for t in getattr(tokenizer, "added_tokens_decoder", {}).values()]
+        difference = self_check(fast, reference, check_corpus(added))
+        choice.fast = fast
+        if difference is not None:
+            choice.fall_back(f"start-up self-check: {difference}")
+        else:
+            log.info("model %s: tokenizing with %s (equal to HF tokenizers on the self-check corpus)", name, fast.name)
+        return choice
 
 
 class PromptTokenizer:
@@ -126,46 +192,46 @@ class PromptTokenizer:
         *,
         timeout_s: float = 1.0,
         max_pending: int = 64,
+        inline_bytes: int = 64 * 1024,
     ) -> None:
         self._registry = registry
         self._executor = executor
+        self._inline_bytes = inline_bytes  # ~16K tokens: ~0.3 ms on the fast encoder, about one executor hop
         self._timeout_s = timeout_s
         self._max_pending = max_pending
         self._pending = 0  # touched on the event loop thread only
+
+    @property
+    def registry(self) -> TokenizerRegistry:
+        return self._registry
 
     def preload(self, models: list[BaseModel]) -> dict[str, str]:
         """Blocking: load these models' tokenizers now (see ``TokenizerRegistry.preload``)."""
         return self._registry.preload(models)
 
-    async def render_and_tokenize(self, parsed: ParsedRequest, base_model: BaseModel) -> list[int]:
+    async def render_and_tokenize(self, parsed: ParsedRequest, base_model: BaseModel, size_hint: int = 0) -> TokenIds:
         """Token ids of ``parsed`` for ``base_model``, exactly as vLLM computes them.
 
+        ``size_hint`` (the body's bytes) decides where the work runs: inline when the model's tokenizer is
+        loaded, its encoder is the fast one and the body is at most ``inline_bytes``; else on the executor.
         Token-id completion prompts return at once. Raises ``TokenizeFailed`` on any failure, on timeout, and
         when ``max_pending`` jobs are already in flight.
         """
         if parsed.kind is RequestKind.COMPLETION and isinstance(parsed.prompt, tuple):
             return truncate(list(parsed.prompt), parsed.truncate_prompt_tokens, parsed.truncation_side)
+        if size_hint <= self._inline_bytes and self._fast_and_loaded(base_model):
+            return self._tokenize(parsed, base_model)
         return await self._run(lambda: self._tokenize(parsed, base_model))
 
-    async def tokens_and_hashes(
-        self, parsed: ParsedRequest, base_model: BaseModel, hasher: BlockHasher, lora: LoraAdapter | None
-    ) -> tuple[list[int], list[BlockHash]]:
-        """Tokens and their block hashes in one executor hop (hashing 32K tokens takes a few ms).
+    def _fast_and_loaded(self, base_model: BaseModel) -> bool:
+        loaded = self._registry.loaded(base_model)
+        return loaded is not None and loaded.encoder.name == ENCODER_FAST
 
-        Same contract as ``render_and_tokenize``; ``cache_salt`` comes from ``parsed``.
-        """
-
-        def work() -> tuple[list[int], list[BlockHash]]:
-            tokens = self._tokenize(parsed, base_model)
-            return tokens, hasher.hash_blocks(tokens, lora=lora, cache_salt=parsed.cache_salt)
-
-        return await self._run(work)
-
-    def _tokenize(self, parsed: ParsedRequest, base_model: BaseModel) -> list[int]:
+    def _tokenize(self, parsed: ParsedRequest, base_model: BaseModel) -> TokenIds:
         if parsed.kind is RequestKind.COMPLETION and isinstance(parsed.prompt, tuple):
             return truncate(list(parsed.prompt), parsed.truncate_prompt_tokens, parsed.truncation_side)
         loaded = self._registry.get(base_model)
-        return render_and_tokenize_sync(loaded.tokenizer, loaded.info, parsed)
+        return render_and_tokenize_sync(loaded.tokenizer, loaded.info, parsed, loaded.encoder)
 
     async def _run(self, work: Callable[[], T]) -> T:
         if self._pending >= self._max_pending:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from extproc.prompt.models import Adapter, BaseModel, ModelRegistry
-from extproc.prompt.tokenizers import LoadedTokenizer, PromptTokenizer, TokenizerRegistry
+from extproc.prompt.tokenizers import EncoderSettings, LoadedTokenizer, PromptTokenizer, TokenizerRegistry
 from extproc.types import HashScheme, LoraAdapter
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,9 +37,13 @@ def models(qwen: BaseModel) -> ModelRegistry:
     return ModelRegistry([qwen], [Adapter(LoraAdapter("adapter-x", "/models/adapter-x"), MODEL)])
 
 
-@pytest.fixture(scope="session")
-def registry() -> TokenizerRegistry:
-    return TokenizerRegistry(REPO / "tokenizer_cache")
+@pytest.fixture(scope="session", params=["fastokens", "hf"])
+def registry(request: pytest.FixtureRequest) -> TokenizerRegistry:
+    """The real tokenizer folder, once per encoder: every golden and render test runs on both."""
+    registry = TokenizerRegistry(REPO / "tokenizer_cache", encoders=EncoderSettings(fast=request.param == "fastokens"))
+    encoder = registry.get(BaseModel(MODEL)).encoder
+    assert encoder.name == request.param, encoder.fallback_reason  # never silently HF twice
+    return registry
 
 
 @pytest.fixture(scope="session")

@@ -44,7 +44,7 @@ async def test_golden_tokens_through_the_public_path(
     parsed = parse_request(body, "application/json", kind)
     base, lora = models.resolve(parsed.model)
     assert lora is None
-    assert await prompt_tokenizer.render_and_tokenize(parsed, base) == case["token_ids"]
+    assert list(await prompt_tokenizer.render_and_tokenize(parsed, base)) == case["token_ids"]
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c["kind"] == "chat"], ids=lambda c: c["name"])
@@ -55,7 +55,7 @@ def test_golden_rendered_text(case: dict[str, Any], loaded: LoadedTokenizer) -> 
         case["messages"], tokenize=False, add_generation_prompt=True, **case["template_kwargs"]
     )
     assert text == case["rendered"]
-    assert render_and_tokenize_sync(loaded.tokenizer, loaded.info, parsed) == case["token_ids"]
+    assert list(render_and_tokenize_sync(loaded.tokenizer, loaded.info, parsed, loaded.encoder)) == case["token_ids"]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
@@ -70,4 +70,4 @@ async def test_golden_tokens_via_lora_name_resolve_to_the_base_tokenizer(
     parsed = parse_request(json.dumps(data).encode(), None, kind)
     base, lora = models.resolve(parsed.model)
     assert base.name == MODEL and lora is not None and lora.path == "/models/adapter-x"
-    assert await prompt_tokenizer.render_and_tokenize(parsed, base) == case["token_ids"]
+    assert list(await prompt_tokenizer.render_and_tokenize(parsed, base)) == case["token_ids"]

@@ -41,7 +41,8 @@ def hf(loaded: LoadedTokenizer, messages: list[dict[str, Any]], **kwargs: Any) -
 
 
 def ours(loaded: LoadedTokenizer, parsed: ParsedRequest) -> list[int]:
-    return render_and_tokenize_sync(loaded.tokenizer, loaded.info, parsed)
+    """Our path with the model's chosen encoder (the fast one or HF: the ``registry`` fixture runs both)."""
+    return list(render_and_tokenize_sync(loaded.tokenizer, loaded.info, parsed, loaded.encoder))
 
 
 def test_qwen3_template_is_inspected(loaded: LoadedTokenizer) -> None:

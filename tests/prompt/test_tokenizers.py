@@ -12,12 +12,10 @@ from typing import Any
 
 import pytest
 
-from extproc.kvcache.hashing import BlockHasher
 from extproc.prompt.models import BaseModel
 from extproc.prompt.openai import ParsedRequest, RequestKind, parse_request
 from extproc.prompt.render import ChatTokenizer
 from extproc.prompt.tokenizers import PromptTokenizer, TokenizeFailed, TokenizerRegistry
-from extproc.types import HashScheme, LoraAdapter
 
 MODEL = BaseModel("fake/model")
 
@@ -120,19 +118,6 @@ async def test_shut_down_executor_raises_tokenize_failed() -> None:
     executor.shutdown()
     with pytest.raises(TokenizeFailed):
         await make(executor, FakeTokenizer()).render_and_tokenize(chat(), MODEL)
-
-
-async def test_tokens_and_hashes_in_one_hop(pool: ThreadPoolExecutor) -> None:
-    pt = make(pool, FakeTokenizer())
-    hasher = BlockHasher(HashScheme(block_size=2))
-    lora = LoraAdapter("a", "/a")
-    parsed = parse_request(
-        json.dumps({"model": "m", "messages": [{"role": "user", "content": "a bb ccc dddd e"}],
-                    "cache_salt": "s"}).encode(), None, RequestKind.CHAT,
-    )  # fmt: skip
-    tokens, hashes = await pt.tokens_and_hashes(parsed, MODEL, hasher, lora)
-    assert tokens == [1, 2, 3, 4, 1]
-    assert hashes == hasher.hash_blocks(tokens, lora=lora, cache_salt="s") and len(hashes) == 2
 
 
 def test_registry_loads_each_model_once_under_concurrency() -> None:

@@ -4,6 +4,7 @@ import asyncio
 import random
 from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -43,11 +44,22 @@ class FakePreparer:
         return PreparedPrompt("m", "m", None, None, self.tokens)
 
 
-def fake_hasher(
-    scheme: HashScheme, tokens: Sequence[int], lora: LoraAdapter | None, salt: str | None
-) -> list[BlockHash]:
-    n = len(tokens) // scheme.block_size
-    return [BlockHash(hash(tuple(tokens[: (i + 1) * scheme.block_size]))) for i in range(n)]
+class FakeHasher:
+    """Hash of each block's whole prefix; nothing is ever cached (``missing_blocks`` = every block)."""
+
+    @dataclass
+    class Pending:
+        tokens: Sequence[int]
+        missing_blocks: int
+
+    def start(
+        self, scheme: HashScheme, tokens: Sequence[int], lora: LoraAdapter | None, salt: str | None
+    ) -> "FakeHasher.Pending":
+        return FakeHasher.Pending(tokens, len(tokens) // scheme.block_size)
+
+    def finish(self, scheme: HashScheme, pending: "FakeHasher.Pending") -> list[BlockHash]:
+        size = scheme.block_size
+        return [BlockHash(hash(tuple(pending.tokens[: (i + 1) * size]))) for i in range(pending.missing_blocks)]
 
 
 class DictIndex:
@@ -92,7 +104,7 @@ def make_router(
     inflight = InflightLoad(10000.0)
     deps = RouterDeps(
         preparer=FakePreparer(tokens if tokens is not None else list(range(1000))),
-        hasher=fake_hasher,
+        hasher=FakeHasher(),
         scheme_for=lambda m: HashScheme(),
         tenant_for=lambda t: Tenant(t),
         registry=registry,

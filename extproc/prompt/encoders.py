@@ -1,0 +1,258 @@
+"""Text -> token ids behind one seam: HF ``tokenizers`` (the reference vLLM uses) or a faster exact encoder.
+
+vLLM tokenizes with the HF tokenizer ``transformers`` loads; that stays our reference and our fallback. A
+faster encoder (``fastokens``: Rust, the same ``tokenizer.json``) is used only once it is shown equal:
+
+- ``FastEncoder.from_hf`` builds it from the HF backend's own serialization (``backend.to_str()``), so it sees
+  the normalizer, pre-tokenizer, model and added vocabulary exactly as ``transformers`` configured them;
+- ``self_check`` compares both on a corpus (``check_corpus``: adversarial text and every added token) at load;
+  a tokenizer that differs once runs on HF;
+- ``ShadowCheck`` re-encodes a sampled fraction of live requests with HF on a background thread, off the hot
+  path; a mismatch is counted, logged, and switches that model to HF for good.
+
+Both encoders return ``TokenIds``: the fast one an ``array('I')`` (built from one flat buffer, no per-token
+Python object), HF a ``list``. Either is a ``Sequence[int]`` of plain ints, which is what hashing needs.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from array import array
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+__all__ = [
+    "ENCODER_FAST",
+    "ENCODER_HF",
+    "EncoderChoice",
+    "FastEncoder",
+    "HfEncoder",
+    "ShadowCheck",
+    "TextEncoder",
+    "TokenIds",
+    "check_corpus",
+    "self_check",
+]
+
+log = logging.getLogger(__name__)
+
+TokenIds = Sequence[int]
+ENCODER_HF = "hf"
+ENCODER_FAST = "fastokens"
+
+
+class TextEncoder(Protocol):
+    """Encodes rendered prompt text; ``add_special_tokens`` as in HF (BOS/EOS from the post-processor)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def encode(self, text: str, *, add_special_tokens: bool) -> TokenIds: ...
+
+
+class _HfCallable(Protocol):
+    def __call__(self, text: str, **kwargs: Any) -> Any: ...
+
+
+class HfEncoder:
+    """The reference: ``tokenizer(text, add_special_tokens=...)["input_ids"]`` as ``transformers`` computes it."""
+
+    name = ENCODER_HF
+
+    def __init__(self, tokenizer: _HfCallable) -> None:
+        self._tokenizer = tokenizer
+
+    def encode(self, text: str, *, add_special_tokens: bool) -> TokenIds:
+        result = self._tokenizer(text, add_special_tokens=add_special_tokens)
+        ids = result["input_ids"] if hasattr(result, "keys") else result
+        return list(map(int, ids))
+
+
+class FastEncoder:
+    """``fastokens`` over the HF backend's serialization; thread-safe, releases the GIL while encoding.
+
+    ``segment_cache_bytes`` > 0 turns on its segment cache (text between added tokens, reused across
+    requests; stated identical to encoding without it, and covered by ``self_check`` and ``ShadowCheck`` like
+    everything else).
+    """
+
+    name = ENCODER_FAST
+
+    def __init__(self, native: Any) -> None:
+        self._native = native
+
+    @classmethod
+    def from_hf(cls, hf_tokenizer: Any, *, segment_cache_bytes: int = 0) -> FastEncoder | None:
+        """The fast encoder for ``hf_tokenizer``, or None (fastokens missing, no Rust backend, unloadable)."""
+        backend = getattr(hf_tokenizer, "_tokenizer", None)
+        if backend is None or not hasattr(backend, "to_str"):
+            return None  # a slow (pure Python) tokenizer: nothing to translate
+        try:
+            import fastokens
+        except ImportError:
+            return None
+        try:
+            native = fastokens.Tokenizer.from_json_str(backend.to_str())
+            native.no_truncation()
+            native.no_padding()
+            if segment_cache_bytes > 0:
+                native.enable_segment_cache(segment_cache_bytes)
+        except Exception as exc:  # a tokenizer.json feature fastokens does not support
+            log.info("fastokens cannot load this tokenizer (%s): HF tokenizers it is", exc)
+            return None
+        return cls(native)
+
+    def encode(self, text: str, *, add_special_tokens: bool) -> TokenIds:
+        flat, _offsets = self._native.encode_batch_flat([text], add_special_tokens=add_special_tokens)
+        ids = array("I")
+        ids.frombytes(flat)  # little-endian uint32, as documented; this machine's order (checked at import)
+        return ids
+
+    def cache_stats(self) -> dict[str, int] | None:
+        """The segment cache's counters (hits, misses, hit_bytes, miss_bytes, entries, bytes, max_bytes)."""
+        stats: dict[str, int] | None = self._native.segment_cache_stats()
+        return stats
+
+
+def check_corpus(added_tokens: Iterable[str], *, seed: int = 0, count: int = 400) -> list[str]:
+    """Texts on which a fast encoder must equal HF before it is trusted: fixed hard cases, every added token
+    alone and glued to text, and ``count`` seeded random mixes of the character classes tokenizers split on
+    (whitespace runs, newlines, digits, punctuation, accents, CJK, emoji, contractions, added-token look-alikes).
+    """
+    added = [t for t in added_tokens if t]
+    fixed = [
+        "", " ", "  ", "\n", "\n\n\n", "\t \n ", "a", " a", "a ", "Hello, world!", "don't I'll we've",
+        "1234567890 3.14159 1,000,000", "naïve café résumé Ångström", "日本語のテキスト、中文文本。",
+        "emoji 😀👍🏽 family 👨‍👩‍👧", "<|im_start|> not quite", "<|fake|>", "a\u00a0b\u200bc", "\r\n\r\n",
+        "    indented code:\n\tdef f(x):\n\t\treturn x  # comment", "x" * 300, " " * 64 + "end", "ﬁ ﬂ Ⅻ ①",
+    ]  # fmt: skip
+    glued = [f"{a}{t}b" for t in added for a in ("", "x", " ", "\n")]
+    rng = random.Random(seed)
+    pieces = [" ", "  ", "\n", "\n\n", "\t", "word", "Word", "WORD", "42", "7", "3.5", ",", ".", "!?", "'s",
+              "'ll", "é", "ü", "中文", "テスト", "😀", "👍🏽", "--", "()", "{}", "<", ">", "|", "_", "\u00a0", "’",
+              "ß"]  # fmt: skip
+    pieces += added
+    mixes = ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 40))) for _ in range(count)]
+    return fixed + glued + mixes
+
+
+def self_check(fast: TextEncoder, reference: TextEncoder, texts: Iterable[str]) -> str | None:
+    """None when ``fast`` equals ``reference`` on every text, with and without special tokens; else the first
+    difference, described without the text itself (prompts may be private, this corpus is not, but the
+    message format is shared with ``ShadowCheck``)."""
+    for i, text in enumerate(texts):
+        for special in (False, True):
+            ours, ref = (
+                fast.encode(text, add_special_tokens=special),
+                reference.encode(text, add_special_tokens=special),
+            )
+            if list(ours) != list(ref):
+                return (
+                    f"corpus text {i} ({len(text)} chars, add_special_tokens={special}): {_first_difference(ours, ref)}"
+                )
+    return None
+
+
+def _first_difference(ours: Sequence[int], ref: Sequence[int]) -> str:
+    at = next((i for i, (a, b) in enumerate(zip(ours, ref, strict=False)) if a != b), min(len(ours), len(ref)))
+    return f"{len(ours)} vs {len(ref)} tokens, first difference at token {at}"
+
+
+@dataclass
+class EncoderChoice:
+    """A model's encoder: the fast one while it holds up, HF otherwise; itself a ``TextEncoder``.
+
+    Each fast encoding is offered to ``shadow`` (if any) for a sampled comparison with the reference.
+    Thread-safe: ``fall_back`` only ever sets the reason once, and readers see either encoder.
+    """
+
+    model: str
+    reference: TextEncoder
+    fast: TextEncoder | None = None
+    fallback_reason: str | None = None  # why HF is used although a fast encoder was considered
+    shadow: ShadowCheck | None = None
+
+    @property
+    def current(self) -> TextEncoder:
+        return self.fast if self.fast is not None and self.fallback_reason is None else self.reference
+
+    @property
+    def name(self) -> str:
+        return self.current.name
+
+    def encode(self, text: str, *, add_special_tokens: bool) -> TokenIds:
+        encoder = self.current
+        ids = encoder.encode(text, add_special_tokens=add_special_tokens)
+        if self.shadow is not None and encoder is not self.reference:
+            self.shadow.offer(self, text, add_special_tokens, ids)
+        return ids
+
+    def fall_back(self, reason: str) -> None:
+        if self.fallback_reason is None:
+            self.fallback_reason = reason
+            log.warning("model %s: the fast tokenizer disagreed with HF tokenizers (%s); using HF from now on",
+                        self.model, reason)  # fmt: skip
+
+
+class ShadowCheck:
+    """Re-encodes a sampled ``fraction`` of requests with the reference on ``executor`` and compares.
+
+    ``offer`` is called on the hot path with what the fast encoder returned; it only samples and submits.
+    ``on_result(model, matched)`` is called from the executor's thread (a metrics counter). At most
+    ``max_pending`` checks are queued: under load checks are skipped, never the requests.
+    """
+
+    def __init__(
+        self,
+        fraction: float,
+        executor: Executor,
+        *,
+        on_result: Callable[[str, bool], None] = lambda model, matched: None,
+        rng: random.Random | None = None,
+        max_pending: int = 4,
+    ) -> None:
+        self._fraction = fraction
+        self._executor = executor
+        self._on_result = on_result
+        self._rng = rng or random.Random()
+        self._max_pending = max_pending
+        self._pending = 0
+        self._lock = threading.Lock()
+
+    def offer(self, choice: EncoderChoice, text: str, add_special_tokens: bool, ids: TokenIds) -> None:
+        if self._fraction <= 0 or choice.current is choice.reference or self._rng.random() >= self._fraction:
+            return
+        with self._lock:
+            if self._pending >= self._max_pending:
+                return
+            self._pending += 1
+        try:
+            self._executor.submit(self._check, choice, text, add_special_tokens, ids)
+        except RuntimeError:  # executor shut down
+            self._release()
+
+    def _check(self, choice: EncoderChoice, text: str, add_special_tokens: bool, ids: TokenIds) -> None:
+        try:
+            ref = choice.reference.encode(text, add_special_tokens=add_special_tokens)
+            matched = list(ref) == list(ids)
+            if not matched:
+                choice.fall_back(f"live request ({len(text)} chars): {_first_difference(ids, ref)}")
+            self._on_result(choice.model, matched)
+        except Exception as exc:  # the reference failing is not a verdict on the fast encoder
+            log.debug("shadow tokenizer check failed: %s", exc)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        with self._lock:
+            self._pending -= 1
+
+
+if (
+    array("I").itemsize != 4 or array("I", b"\x01\x00\x00\x00")[0] != 1
+):  # pragma: no cover - big-endian or odd-int hosts are not supported
+    raise ImportError("extproc.prompt.encoders assumes 4-byte little-endian unsigned ints (fastokens' flat ids)")
