@@ -159,6 +159,7 @@ class App:
                 use_index=config.index.enabled,
                 log_prompts=config.logging.log_prompts,
                 track_served=not config.protocol.close_after_pick,
+                answer_budget_s=config.limits.answer_budget_s,
             ),
         )
         self._server: RunningServer | None = None

@@ -201,6 +201,12 @@ class TokenizerConfig(_Strict):
 class LimitsConfig(_Strict):
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0)
     tokenize_timeout_s: float = Field(1.0, gt=0)
+    answer_budget_s: float = Field(
+        0.5,
+        gt=0,
+        description="a request that reached the picker longer ago than this is routed by load at once, and "
+        "tokenization never runs past it; keep it well under Envoy's ext_proc message_timeout (2 s here)",
+    )
     tokenizer_workers: int = Field(2, ge=1)
 
 

@@ -49,6 +49,11 @@ class RouterMetrics:
             ["outcome"],
             registry=registry,
         )
+        self.late_requests = Counter(
+            "router_late_requests",
+            "Requests that reached the router past its answer budget and were routed by load at once",
+            registry=registry,
+        )
         self.tokenizer_checks = Counter(
             "router_tokenizer_checks",
             "Fast encodings re-encoded with HF tokenizers off the hot path, by result (match, mismatch)",

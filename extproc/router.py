@@ -55,9 +55,9 @@ _FROM_ROOT = Chain.from_root()  # a prompt's block hashes start at its first blo
 
 
 class Preparer(Protocol):
-    async def prepare(self, request: HttpRequest) -> PreparedPrompt:
-        """Parse, resolve the model, render and tokenize. Raises RouterError for bad input; a tokenizer
-        failure is not an error (``token_ids`` None)."""
+    async def prepare(self, request: HttpRequest, tokenize_within_s: float | None = None) -> PreparedPrompt:
+        """Parse, resolve the model, render and tokenize (within ``tokenize_within_s``; <= 0: skip it).
+        Raises RouterError for bad input; a tokenizer failure is not an error (``token_ids`` None)."""
         ...
 
 
@@ -93,6 +93,9 @@ class RouterSettings:
     log_prompts: bool = False  # the decision line carries the body's first bytes (prompt text): opt-in only
     use_index: bool = True  # False: load-only routing (no hashing, no lookups)
     track_served: bool = False  # remember picks so ``on_served`` can compare (GIE response path)
+    # A request older than this (since its first ext_proc message) is routed by load at once: Envoy's message
+    # timeout (2 s in our configs) must never expire on a busy picker, which would fail the request open.
+    answer_budget_s: float = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +167,7 @@ class Router:
         )
 
     async def _decide(self, request: HttpRequest, timer: PhaseTimer) -> tuple[Decision, RoutingRequest]:
-        prepared = await self._d.preparer.prepare(request)
+        prepared = await self._d.preparer.prepare(request, self._tokenize_budget(request))
         timer.mark("tokenize", split_first=("parse", prepared.parse_s))
         scheme = self._d.scheme_for(prepared.base_model)
         hashes = await self._hash(scheme, prepared)
@@ -192,6 +195,16 @@ class Router:
         decision = self._d.profile.decide(routing, candidates, self._rng)
         timer.mark("score")
         return decision, routing
+
+    def _tokenize_budget(self, request: HttpRequest) -> float | None:
+        """Seconds left for tokenizing (the answer budget less the time since the first message and a reserve
+        for the lookups), or None when the adapter did not say when the request arrived."""
+        if request.received_at_s is None:
+            return None
+        left = self._s.answer_budget_s - (self._clock() - request.received_at_s) - 4 * self._s.lookup_deadline_s
+        if left <= 0:
+            self._d.metrics.late_requests.inc()
+        return left
 
     async def _hash(self, scheme: HashScheme, prepared: PreparedPrompt) -> list[BlockHash]:
         tokens = prepared.token_ids

@@ -141,6 +141,7 @@ class HttpRequest:
     body: bytes
     request_id: str
     subset: tuple[EndpointId, ...] | None = None
+    received_at_s: float | None = None  # time.monotonic() when the stream's first message reached us
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,18 +70,23 @@ class RequestPreparer:
                 await self._tokenizer.render_and_tokenize(parsed, model)
         return failed
 
-    async def prepare(self, request: HttpRequest) -> PreparedPrompt:
+    async def prepare(self, request: HttpRequest, tokenize_within_s: float | None = None) -> PreparedPrompt:
         """Parse, resolve the model, render and tokenize ``request`` (a POST to an OpenAI path).
 
-        Raises ``BadRequest`` / ``UnsupportedMediaType`` / ``BodyTooLarge`` / ``UnknownModel``; never raises
-        for a tokenizer failure (``token_ids`` is None then).
+        ``tokenize_within_s`` bounds tokenization below the configured timeout; <= 0 skips it (the request
+        is late: routed by load). Raises ``BadRequest`` / ``UnsupportedMediaType`` / ``BodyTooLarge`` /
+        ``UnknownModel``; never raises for a tokenizer failure (``token_ids`` is None then).
         """
         start = self._clock()
         parsed = await self._parse(request)
         parse_s = self._clock() - start
         base, lora = self._models.resolve(parsed.model)
         try:
-            tokens: TokenIds | None = await self._tokenizer.render_and_tokenize(parsed, base, len(request.body))
+            if tokenize_within_s is not None and tokenize_within_s <= 0:
+                raise TokenizeFailed("no time left in the answer budget")
+            tokens: TokenIds | None = await self._tokenizer.render_and_tokenize(
+                parsed, base, len(request.body), timeout_s=tokenize_within_s
+            )
         except TokenizeFailed as exc:
             log.debug("request %s: tokenization failed, routing by load: %s", request.request_id, exc)
             tokens = None

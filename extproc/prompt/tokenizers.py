@@ -209,19 +209,23 @@ class PromptTokenizer:
         """Blocking: load these models' tokenizers now (see ``TokenizerRegistry.preload``)."""
         return self._registry.preload(models)
 
-    async def render_and_tokenize(self, parsed: ParsedRequest, base_model: BaseModel, size_hint: int = 0) -> TokenIds:
+    async def render_and_tokenize(
+        self, parsed: ParsedRequest, base_model: BaseModel, size_hint: int = 0, *, timeout_s: float | None = None
+    ) -> TokenIds:
         """Token ids of ``parsed`` for ``base_model``, exactly as vLLM computes them.
 
         ``size_hint`` (the body's bytes) decides where the work runs: inline when the model's tokenizer is
         loaded, its encoder is the fast one and the body is at most ``inline_bytes``; else on the executor.
-        Token-id completion prompts return at once. Raises ``TokenizeFailed`` on any failure, on timeout, and
-        when ``max_pending`` jobs are already in flight.
+        ``timeout_s`` shortens the configured timeout for this call. Token-id completion prompts return at
+        once. Raises ``TokenizeFailed`` on any failure, on timeout, and when ``max_pending`` jobs are already
+        in flight.
         """
         if parsed.kind is RequestKind.COMPLETION and isinstance(parsed.prompt, tuple):
             return truncate(list(parsed.prompt), parsed.truncate_prompt_tokens, parsed.truncation_side)
         if size_hint <= self._inline_bytes and self._fast_and_loaded(base_model):
             return self._tokenize(parsed, base_model)
-        return await self._run(lambda: self._tokenize(parsed, base_model))
+        timeout = self._timeout_s if timeout_s is None else min(timeout_s, self._timeout_s)
+        return await self._run(lambda: self._tokenize(parsed, base_model), timeout)
 
     def _fast_and_loaded(self, base_model: BaseModel) -> bool:
         loaded = self._registry.loaded(base_model)
@@ -233,7 +237,7 @@ class PromptTokenizer:
         loaded = self._registry.get(base_model)
         return render_and_tokenize_sync(loaded.tokenizer, loaded.info, parsed, loaded.encoder)
 
-    async def _run(self, work: Callable[[], T]) -> T:
+    async def _run(self, work: Callable[[], T], timeout_s: float) -> T:
         if self._pending >= self._max_pending:
             raise TokenizeFailed(f"tokenizer busy: {self._pending} jobs in flight")
         loop = asyncio.get_running_loop()
@@ -244,9 +248,9 @@ class PromptTokenizer:
         self._pending += 1
         future.add_done_callback(self._done)
         try:
-            return await asyncio.wait_for(asyncio.shield(future), self._timeout_s)
+            return await asyncio.wait_for(asyncio.shield(future), timeout_s)
         except TimeoutError:
-            raise TokenizeFailed(f"tokenization took longer than {self._timeout_s}s") from None
+            raise TokenizeFailed(f"tokenization took longer than {timeout_s:.3f}s") from None
         except TokenizeFailed:
             raise
         except Exception as exc:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import time
 from dataclasses import dataclass
 
 from google.protobuf import struct_pb2
@@ -65,10 +66,13 @@ class Exchange:
         self._body = bytearray()
         self._subset: tuple[EndpointId, ...] | None = None
         self._decided = False
+        self._received_at_s: float | None = None  # the first message's arrival (the router's answer budget)
         self.finished = False
 
     async def receive(self, message: pb.ProcessingRequest) -> Replies:
         """Replies to send for ``message``, in order (possibly none); sets ``finished`` when done."""
+        if self._received_at_s is None:
+            self._received_at_s = time.monotonic()
         if message.HasField("protocol_config") and self._mode is None:
             self._mode = message.protocol_config.request_body_mode
             self._response_mode = message.protocol_config.response_body_mode
@@ -135,7 +139,9 @@ class Exchange:
         return replies
 
     async def _decide(self) -> _Decision:
-        request = inbound.build_request(self._headers, bytes(self._body), self._subset, self._request_id)
+        request = inbound.build_request(
+            self._headers, bytes(self._body), self._subset, self._request_id, self._received_at_s
+        )
         try:
             answer = await asyncio.wait_for(self._handler.route(request), self._options.route_timeout_s)
         except RouterError as err:

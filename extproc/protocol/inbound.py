@@ -75,7 +75,11 @@ def request_id_of(headers: Mapping[str, str]) -> str:
 
 
 def build_request(
-    headers: Mapping[str, str], body: bytes, subset: tuple[EndpointId, ...] | None, request_id: str
+    headers: Mapping[str, str],
+    body: bytes,
+    subset: tuple[EndpointId, ...] | None,
+    request_id: str,
+    received_at_s: float | None = None,
 ) -> HttpRequest:
     """The router's view of one request."""
     return HttpRequest(
@@ -85,4 +89,5 @@ def build_request(
         body=body,
         request_id=request_id,
         subset=subset,
+        received_at_s=received_at_s,
     )

@@ -2,6 +2,7 @@
 
 import asyncio
 import random
+import time
 from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from extproc.backends.vllm_metrics import EngineMetrics
 from extproc.errors import BadRequest, NoEndpoint
 from extproc.kvcache.index import IndexUnavailable
 from extproc.observability import RouterMetrics
-from extproc.router import Router, RouterDeps, RouterSettings
+from extproc.router import HEADER_REASON, Router, RouterDeps, RouterSettings
 from extproc.scheduling.estimate import EstimatorParams
 from extproc.scheduling.profiles import TtftProfile
 from extproc.types import (
@@ -27,6 +28,7 @@ from extproc.types import (
     LoraAdapter,
     PassThrough,
     PreparedPrompt,
+    Reason,
     Route,
     Tenant,
 )
@@ -37,8 +39,12 @@ A, B = EndpointId("127.0.0.1:8001"), EndpointId("127.0.0.1:8002")
 class FakePreparer:
     def __init__(self, tokens: list[int] | None) -> None:
         self.tokens = tokens
+        self.budgets: list[float | None] = []
 
-    async def prepare(self, request: HttpRequest) -> PreparedPrompt:
+    async def prepare(self, request: HttpRequest, tokenize_within_s: float | None = None) -> PreparedPrompt:
+        self.budgets.append(tokenize_within_s)
+        if tokenize_within_s is not None and tokenize_within_s <= 0:
+            return PreparedPrompt("m", "m", None, None, None)
         if request.body == b"bad":
             raise BadRequest("bad body")
         return PreparedPrompt("m", "m", None, None, self.tokens)
@@ -208,3 +214,21 @@ async def test_prompt_text_is_logged_only_when_asked(caplog: pytest.LogCaptureFi
     loud, _, _ = make_router(settings=RouterSettings(log_prompts=True))
     await loud.route(post(b'{"secret prompt": 1}'))
     assert "secret prompt" in caplog.text
+
+
+async def test_a_late_request_is_routed_by_load_without_tokenizing() -> None:
+    router, _, _ = make_router(settings=RouterSettings(answer_budget_s=0.5))
+    preparer = router._d.preparer
+    now = time.monotonic()
+    fresh = HttpRequest("POST", "/v1/chat/completions", {}, b"{}", "r1", received_at_s=now)
+    route = await router.route(fresh)
+    assert isinstance(route, Route) and route.headers[HEADER_REASON] != Reason.NO_TOKENS.value
+    assert 0.4 < preparer.budgets[-1] <= 0.5  # the rest of the budget, less a reserve for the lookups
+    late = HttpRequest("POST", "/v1/chat/completions", {}, b"{}", "r2", received_at_s=now - 0.6)
+    route = await router.route(late)
+    assert isinstance(route, Route) and route.headers[HEADER_REASON] == Reason.NO_TOKENS.value
+    assert preparer.budgets[-1] <= 0
+    assert router._d.metrics.late_requests._value.get() == 1
+    untimed = HttpRequest("POST", "/v1/chat/completions", {}, b"{}", "r3")
+    await router.route(untimed)
+    assert preparer.budgets[-1] is None  # no arrival time: the tokenizer's own timeout applies
