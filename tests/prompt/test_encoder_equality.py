@@ -31,9 +31,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from extproc.prompt import tokenizer_cache as tc
-from extproc.prompt.encoders import ENCODER_FAST, ENCODER_HF, FastEncoder, HfEncoder
+from extproc.prompt.encoders import ENCODER_FAST, ENCODER_HF, EncoderChoice, FastEncoder, HfEncoder
 from extproc.prompt.models import BaseModel
-from extproc.prompt.tokenizers import TokenizerRegistry, load_hf_tokenizer
+from extproc.prompt.tokenizers import EncoderSettings, TokenizerRegistry, load_hf_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / "tokenizer_cache"
@@ -116,9 +116,10 @@ class Loaded:
     family: Family
     folder: Path
     tokenizer: Any
+    choice: EncoderChoice  # what TokenizerRegistry picked, after its start-up self-check
     hf: HfEncoder
     fast: FastEncoder
-    cached: FastEncoder  # segment cache on, shared by every test of the session (entries accumulate)
+    cached: FastEncoder  # the registry's, segment cache on, shared by every test of the session (entries accumulate)
     added: list[str]  # every added token's text
     specials: list[str]  # a sample of added tokens and look-alikes to glue into text
 
@@ -175,14 +176,19 @@ class Families:
         if family.id not in self._loaded:
             folder = _folder(family, self._scratch)
             tokenizer = load_hf_tokenizer(folder)
-            fast = FastEncoder.from_hf(tokenizer)
-            cached = FastEncoder.from_hf(tokenizer, segment_cache_bytes=64 << 20)
-            assert fast is not None and cached is not None, f"fastokens cannot load {family.id}"
+            # The registry's own choice (its self-check run): its fast encoder is the one with the segment cache.
+            settings = EncoderSettings(fast=True, segment_cache_bytes=64 << 20)
+            registry = TokenizerRegistry(CACHE, loader=lambda _: tokenizer, encoders=settings)
+            choice = registry.get(BaseModel(family.model, tokenizer_dir=folder)).encoder
+            fast, cached = FastEncoder.from_hf(tokenizer), choice.fast
+            assert isinstance(fast, FastEncoder) and isinstance(cached, FastEncoder), (
+                f"fastokens cannot load {family.id}"
+            )
             added = [str(getattr(t, "content", t)) for t in tokenizer.added_tokens_decoder.values()]
-            sample = added[:24] + random.Random(0).sample(added, min(24, len(added)))
+            sample = added if len(added) <= 64 else added[:24] + random.Random(0).sample(added, 40)
             specials = sorted({s for t in sample for s in [t, *_look_alikes(t)] if s})
             self._loaded[family.id] = Loaded(
-                family, folder, tokenizer, HfEncoder(tokenizer), fast, cached, added, specials
+                family, folder, tokenizer, choice, HfEncoder(tokenizer), fast, cached, added, specials
             )
         return self._loaded[family.id]
 
@@ -245,10 +251,8 @@ fast_families = pytest.mark.parametrize("family", FAST_FAMILIES, ids=[f.id for f
 
 @fast_families
 def test_self_check_picks_the_fast_encoder(families: Families, family: Family) -> None:
-    loaded = families.get(family)
-    registry = TokenizerRegistry(CACHE, loader=lambda folder: loaded.tokenizer)  # the same load, not a second one
-    encoder = registry.get(BaseModel(family.model, tokenizer_dir=loaded.folder)).encoder
-    assert (encoder.name, encoder.fallback_reason) == (ENCODER_FAST, None)
+    choice = families.get(family).choice
+    assert (choice.name, choice.fallback_reason) == (ENCODER_FAST, None)
 
 
 @fast_families
