@@ -112,6 +112,12 @@ class FastEncoder:
         ids.frombytes(flat)  # little-endian uint32, as documented; this machine's order (checked at import)
         return ids
 
+    def clear_cache(self) -> None:
+        """Empty the segment cache (keeping its budget), e.g. between benchmark shapes; no-op when off."""
+        stats = self.cache_stats()
+        if stats is not None:
+            self._native.enable_segment_cache(stats["max_bytes"])
+
     def cache_stats(self) -> dict[str, int] | None:
         """The segment cache's counters (hits, misses, hit_bytes, miss_bytes, entries, bytes, max_bytes)."""
         stats: dict[str, int] | None = self._native.segment_cache_stats()
@@ -130,7 +136,8 @@ def check_corpus(added_tokens: Iterable[str], *, seed: int = 0, count: int = 400
         "emoji 😀👍🏽 family 👨‍👩‍👧", "<|im_start|> not quite", "<|fake|>", "a\u00a0b\u200bc", "\r\n\r\n",
         "    indented code:\n\tdef f(x):\n\t\treturn x  # comment", "x" * 300, " " * 64 + "end", "ﬁ ﬂ Ⅻ ①",
     ]  # fmt: skip
-    glued = [f"{a}{t}b" for t in added for a in ("", "x", " ", "\n")]
+    # whitespace on both sides too: an added token's lstrip/rstrip flags eat it, and must eat it alike
+    glued = [f"{a}{t}{b}" for t in added for a, b in (("", "b"), ("x", "b"), (" ", " b"), ("\n", "\n\n"))]
     rng = random.Random(seed)
     pieces = [" ", "  ", "\n", "\n\n", "\t", "word", "Word", "WORD", "42", "7", "3.5", ",", ".", "!?", "'s",
               "'ll", "é", "ü", "中文", "テスト", "😀", "👍🏽", "--", "()", "{}", "<", ">", "|", "_", "\u00a0", "’",

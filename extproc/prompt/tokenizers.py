@@ -27,6 +27,7 @@ from extproc.prompt.encoders import (
     FastEncoder,
     HfEncoder,
     ShadowCheck,
+    TextEncoder,
     TokenIds,
     check_corpus,
     self_check,
@@ -64,6 +65,9 @@ class EncoderSettings:
     fast: bool = True  # use a fast encoder where one loads and passes the self-check
     segment_cache_bytes: int = 64 << 20  # the fast encoder's segment cache; 0 = off
     shadow: ShadowCheck | None = None  # sampled live comparison with HF
+    make_fast: Callable[[Any, int], TextEncoder | None] = lambda tokenizer, cache_bytes: FastEncoder.from_hf(
+        tokenizer, segment_cache_bytes=cache_bytes
+    )  # the fast encoder for a loaded HF tokenizer, or None (a seam for tests)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +173,7 @@ class TokenizerRegistry:
         choice = EncoderChoice(name, reference, shadow=self._encoders.shadow)
         if not self._encoders.fast:
             return choice
-        fast = FastEncoder.from_hf(tokenizer, segment_cache_bytes=self._encoders.segment_cache_bytes)
+        fast = self._encoders.make_fast(tokenizer, self._encoders.segment_cache_bytes)
         if fast is None:
             return choice
         added = [str(getattr(t, "content", t)) for t in getattr(tokenizer, "added_tokens_decoder", {}).values()]
