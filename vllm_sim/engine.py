@@ -148,7 +148,9 @@ class Engine:
         if reset_running_requests:
             self.scheduler.preempt_all()
         ok = self.pool.reset()
-        self._flush_events()
+        # No flush here: vLLM queues the AllBlocksCleared and publishes it with the next engine step's batch
+        # (scheduler.update_from_output), so a reset on an idle engine reaches subscribers only when the
+        # engine serves again (seen on vLLM 0.32's CPU build).
         if not ok:
             log.warning("prefix cache not reset: blocks are still in use")
         return ok

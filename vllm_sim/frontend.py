@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import msgspec
@@ -11,6 +12,7 @@ from vllm_sim.config import ServerConfig
 from vllm_sim.hashing import LoraKey
 from vllm_sim.openai_api import ApiError, error_body, parse_chat_input, parse_prompts, truncate
 from vllm_sim.tokenize import PromptTokenizer, TemplateError
+from vllm_sim.validate import schema_error
 
 FILLER_TEXT = " The quick brown fox jumps over the lazy dog."
 _json_decoder = msgspec.json.Decoder()
@@ -28,15 +30,28 @@ def error_response(err: ApiError) -> web.Response:
 async def read_json(request: web.Request) -> dict[str, Any]:
     """The request body as a JSON object; raises ApiError(400) otherwise (deep nesting too)."""
     raw = await request.read()
+    if not raw.strip():
+        raise schema_error("", "Field required")
     try:
         body = _json_decoder.decode(raw)
     except msgspec.DecodeError as exc:
-        raise ApiError(400, f"Invalid JSON body: {exc}") from None
+        body = _other_encoding(raw, exc)
     except RecursionError:  # nesting deeper than the decoder's stack: still the client's bad JSON
-        raise ApiError(400, "Invalid JSON body: nested too deeply") from None
+        raise schema_error("", "JSON decode error: nested too deeply") from None
     if not isinstance(body, dict):
-        raise ApiError(400, "The request body must be a JSON object")
+        raise schema_error("", "Input should be a valid dictionary or object to extract fields from")
     return body
+
+
+def _other_encoding(raw: bytes, exc: Exception) -> Any:
+    """vLLM parses the body with ``json.loads`` on bytes (Starlette), which also reads UTF-16, UTF-32 and a UTF-8
+    BOM (detected as the JSON RFC says); msgspec reads plain UTF-8 only, so retry there. Raises the schema error
+    for anything that is not JSON."""
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        pass
+    raise schema_error("", f"JSON decode error: {exc}") from None
 
 
 class Frontend:
@@ -56,7 +71,7 @@ class Frontend:
             return None
         lora = self._loras.get(name)
         if lora is None:
-            raise ApiError(404, f"The model `{name}` does not exist.")
+            raise ApiError(404, f"The model `{name}` does not exist.", param="model")
         return lora
 
     def text_of(self, token_ids: list[int]) -> str:

@@ -35,6 +35,7 @@ from vllm_sim.openai_api import (
     usage_chunk,
 )
 from vllm_sim.request import FINISH_ABORT, OutputStream, SimRequest
+from vllm_sim.validate import check_sampling, check_tool_choice, coerce_fields
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 _ENGINE_FAILED = ApiError(500, "the simulated engine failed; see the server log")
@@ -59,12 +60,15 @@ class GenerateHandlers:
         # Arrival is when the request reached us: tokenizing it overlaps the modelled GPU time (as vLLM's
         # frontend overlaps the engine), so the simulator's own CPU work does not add to the model's TTFT.
         arrival_s = asyncio.get_running_loop().time()
-        body = await read_json(request)
+        body = coerce_fields(await read_json(request), chat)
+        check_sampling(body)
+        if chat:
+            check_tool_choice(body)
         params = parse_gen_params(body, self._cfg.model_name, chat)
         self._fe.resolve_model(params.model)
         prompts = await self._fe.prompt_ids(body, chat)
         for ids in prompts:
-            check_prompt_len(len(ids), params.max_tokens, self._cfg.engine.max_model_len)
+            check_prompt_len(len(ids), self._cfg.engine.max_model_len)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         names = [rid] if len(prompts) == 1 else [f"{rid}-{i}" for i in range(len(prompts))]
         return params, rid, [self._request(n, ids, params, arrival_s) for n, ids in zip(names, prompts, strict=True)]
@@ -113,16 +117,22 @@ class GenerateHandlers:
                 return error_response(_ENGINE_FAILED)
             texts.append(self._fe.text_of(tokens))
         if chat:
-            return json_response(chat_body(rid, params.model, texts[0], reqs[0].finish_reason, self._usage(reqs)))
+            use = self._usage(reqs, chat=True)
+            return json_response(chat_body(rid, params.model, texts[0], reqs[0].finish_reason, use))
         choices = [completion_choice(i, t, r.finish_reason) for i, (t, r) in enumerate(zip(texts, reqs, strict=True))]
-        return json_response(completion_body(rid, params.model, choices, self._usage(reqs)))
+        return json_response(completion_body(rid, params.model, choices, self._usage(reqs, chat=False)))
 
-    def _usage(self, reqs: list[SimRequest]) -> dict[str, Any]:
+    def _usage(self, reqs: list[SimRequest], chat: bool) -> dict[str, Any]:
+        cached = sum(max(r.num_cached_tokens, 0) for r in reqs)
+        block = self._cfg.engine.block_size
+        # vLLM 0.32 fills created_cache_tokens on chat only: the prompt's full blocks it wrote to the cache.
+        created = sum(max(len(r.prompt_token_ids) // block * block - max(r.num_cached_tokens, 0), 0) for r in reqs)
         return usage(
             sum(len(r.prompt_token_ids) for r in reqs),
             sum(r.num_output_tokens for r in reqs),
-            sum(max(r.num_cached_tokens, 0) for r in reqs),
+            cached,
             self._cfg.enable_prompt_tokens_details,
+            created if chat else None,
         )
 
     async def _stream(
@@ -137,7 +147,7 @@ class GenerateHandlers:
                 role_pending = False
             await _sse(resp, stream_chunk(head, index, self._fe.text_of(delta), finish))
         if params.include_usage:
-            await _sse(resp, usage_chunk(head, self._usage(reqs)))
+            await _sse(resp, usage_chunk(head, self._usage(reqs, chat=head.chat)))
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp

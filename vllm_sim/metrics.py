@@ -78,8 +78,6 @@ def cache_config_labels(cfg: ServerConfig) -> dict[str, str]:
     return {
         "block_size": str(e.block_size),
         "cache_dtype": "auto",
-        "calculate_kv_scales": "False",
-        "cpu_offload_gb": "0",
         "enable_prefix_caching": str(e.enable_prefix_caching),
         "gpu_memory_utilization": "0.9",
         "is_attention_free": "False",
@@ -88,7 +86,6 @@ def cache_config_labels(cfg: ServerConfig) -> dict[str, str]:
         "num_gpu_blocks_override": str(e.num_gpu_blocks),
         "prefix_caching_hash_algo": e.hash_algo,
         "sliding_window": "None",
-        "swap_space": "4",
         "engine": "0",
     }
 

@@ -15,22 +15,31 @@ from vllm_sim.tokenize import ChatInput
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest default
 
 
-class ApiError(Exception):
-    """A request vLLM would reject; ``status`` 400 (BadRequestError) or 404 (NotFoundError)."""
+SYSTEM_FINGERPRINT = "vllm-sim"  # vLLM: "vllm-<version>-<hash>"; a string either way
 
-    def __init__(self, status: int, message: str) -> None:
+
+class ApiError(Exception):
+    """A request vLLM would reject; ``status`` 400 (BadRequestError) or 404 (NotFoundError). ``schema``: the
+    request failed vLLM's pydantic model (wrong type, missing field, not a JSON object), which vLLM reports with
+    type ``"Bad Request"``; ``param``: the offending field as vLLM names it (``None`` when it names none)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, schema: bool = False) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.param = param
+        self.schema = schema
 
     @property
     def type(self) -> str:
+        if self.schema:
+            return "Bad Request"
         return {400: "BadRequestError", 404: "NotFoundError"}.get(self.status, "InternalServerError")
 
 
 def error_body(err: ApiError) -> dict[str, Any]:
     """vLLM's ``ErrorResponse`` JSON."""
-    return {"error": {"message": err.message, "type": err.type, "param": None, "code": err.status}}
+    return {"error": {"message": err.message, "type": err.type, "param": err.param, "code": err.status}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +60,7 @@ def _opt_int(body: dict[str, Any], key: str, minimum: int) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ApiError(400, f"{key} must be an integer >= {minimum}, got {value!r}")
+        raise ApiError(400, f"{key} must be at least {minimum}, got {value!r}.", param=None if key == "n" else key)
     return value
 
 
@@ -70,7 +79,7 @@ def _cache_salt(body: dict[str, Any]) -> str | None:
     if salt is None:
         return None
     if not isinstance(salt, str) or not salt:
-        raise ApiError(400, "Parameter 'cache_salt' must be a non-empty string if provided.")
+        raise ApiError(400, "Parameter 'cache_salt' must be a non-empty string if provided.", param="cache_salt")
     if len(salt) > 128 or any(c in salt for c in "@/\\\0"):
         raise ApiError(
             400, "Parameter 'cache_salt' must be at most 128 characters and contain no '@', '/', '\\' or NUL."
@@ -107,7 +116,7 @@ def parse_gen_params(body: dict[str, Any], default_model: str, chat: bool) -> Ge
     min_tokens = _opt_int(body, "min_tokens", 0) or 0
     if max_tokens is not None and min_tokens > max_tokens:
         raise ApiError(400, f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}.")
-    if _opt_int(body, "n", 1) not in (None, 1):
+    if _opt_int(body, "n", 1) not in (None, 1):  # vLLM serves n > 1; the simulator does not
         raise ApiError(400, "vllm-sim supports n=1 only")
     stream = _bool(body, "stream", False)
     options = body.get("stream_options")
@@ -159,31 +168,26 @@ def _is_ids(value: object) -> bool:
 def parse_prompts(body: dict[str, Any]) -> list[str | list[int]]:
     """Completion prompts: a text, token ids, or a list of texts / token-id lists; raises ApiError(400)."""
     prompt = body.get("prompt")
+    if prompt is None or prompt in ("", []):
+        raise ApiError(400, "Either prompt or prompt_embeds must be provided and non-empty.", param="prompt")
     if isinstance(prompt, str) or (_is_ids(prompt) and prompt):
         return [prompt]
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) or _is_ids(p) for p in prompt):
         return list(prompt)
-    if prompt == []:
-        raise ApiError(400, "The decoder prompt cannot be empty")
-    raise ApiError(400, "prompt must be a string, a list of token ids, or a list of those")
+    raise ApiError(400, "prompt must be a string, a list of token ids, or a list of those", param="prompt")
 
 
-def check_prompt_len(num_tokens: int, max_tokens: int | None, max_model_len: int) -> None:
-    """vLLM's length checks; raises ApiError(400)."""
+def check_prompt_len(num_tokens: int, max_model_len: int) -> None:
+    """vLLM's length checks; raises ApiError(400). A ``max_tokens`` that does not fit beside the prompt is not
+    an error: vLLM 0.32 lowers it to what fits (``resolve_output_len``)."""
     if num_tokens == 0:
         raise ApiError(400, "The decoder prompt cannot be empty")
     if num_tokens >= max_model_len:
         raise ApiError(
             400,
-            f"This model's maximum context length is {max_model_len} tokens. However, your request has "
-            f"{num_tokens} input tokens. Please reduce the length of the input messages.",
-        )
-    if max_tokens is not None and num_tokens + max_tokens > max_model_len:
-        raise ApiError(
-            400,
-            f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum "
-            f"context length is {max_model_len} tokens and your request has {num_tokens} input tokens "
-            f"({max_tokens} > {max_model_len} - {num_tokens}).",
+            f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains "
+            f"{num_tokens} input tokens, which exceeds this limit even without any output tokens.",
+            param="input_tokens",
         )
 
 
@@ -197,16 +201,26 @@ def resolve_output_len(params: GenParams, prompt_len: int, max_model_len: int, n
     return (natural, True) if natural <= limit else (limit, False)
 
 
-def usage(prompt: int, completion: int, cached: int, details: bool) -> dict[str, Any]:
-    """vLLM's ``UsageInfo``; ``prompt_tokens_details`` only with the flag and a non-zero hit (as vLLM)."""
-    out: dict[str, Any] = {
+def usage(prompt: int, completion: int, cached: int, details: bool, created: int | None) -> dict[str, Any]:
+    """vLLM 0.32's ``UsageInfo``: with ``--enable-prompt-tokens-details``, ``prompt_tokens_details`` always
+    (``cached_tokens`` 0 on a miss); ``created_cache_tokens`` (prompt tokens newly written to the prefix cache)
+    is filled on chat only, ``None`` on completions. Streamed usage drops the ``None`` fields (``compact``)."""
+    return {
         "prompt_tokens": prompt,
         "total_tokens": prompt + completion,
         "completion_tokens": completion,
-        "prompt_tokens_details": None,
+        "prompt_tokens_details": (
+            {"cached_tokens": cached, "created_cache_tokens": created, "multimodal_tokens": None} if details else None
+        ),
+        "completion_tokens_details": None,
     }
-    if details and cached:
-        out["prompt_tokens_details"] = {"cached_tokens": cached}
+
+
+def compact(use: dict[str, Any]) -> dict[str, Any]:
+    """A usage object as vLLM streams it: ``None`` fields left out (top level and in the details)."""
+    out = {k: v for k, v in use.items() if v is not None}
+    if isinstance(out.get("prompt_tokens_details"), dict):
+        out["prompt_tokens_details"] = {k: v for k, v in out["prompt_tokens_details"].items() if v is not None}
     return out
 
 
@@ -218,7 +232,10 @@ def completion_choice(index: int, text: str, finish: str | None) -> dict[str, An
         "logprobs": None,
         "finish_reason": finish,
         "stop_reason": None,
+        "token_ids": None,
         "prompt_logprobs": None,
+        "prompt_token_ids": None,
+        "routed_experts": None,
     }
 
 
@@ -230,8 +247,12 @@ def completion_body(rid: str, model: str, choices: list[dict[str, Any]], use: di
         "created": int(time.time()),
         "model": model,
         "choices": choices,
+        "service_tier": None,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
         "usage": use,
         "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "metrics": None,
     }
 
 
@@ -244,10 +265,10 @@ def chat_body(rid: str, model: str, text: str, finish: str | None, use: dict[str
         "annotations": None,
         "audio": None,
         "function_call": None,
-        "tool_calls": [],
-        "reasoning_content": None,
+        "reasoning": None,
     }
-    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish, "stop_reason": None}
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish, "stop_reason": None,
+              "token_ids": None, "routed_experts": None}  # fmt: skip
     return {
         "id": rid,
         "object": "chat.completion",
@@ -255,10 +276,14 @@ def chat_body(rid: str, model: str, text: str, finish: str | None, use: dict[str
         "model": model,
         "choices": [choice],
         "service_tier": None,
-        "system_fingerprint": None,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
         "usage": use,
         "prompt_logprobs": None,
+        "prompt_token_ids": None,
+        "prompt_text": None,
         "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "metrics": None,
     }
 
 
@@ -277,18 +302,26 @@ class StreamHead:
 
 
 def stream_chunk(head: StreamHead, index: int, text: str | None, finish: str | None) -> dict[str, Any]:
-    """One SSE chunk for choice ``index``. ``text=None`` on a chat stream is the opening role-only delta."""
+    """One SSE chunk for choice ``index``, shaped as vLLM 0.32 streams it. ``text=None`` on a chat stream is the
+    opening role-only delta (which alone carries ``prompt_token_ids`` / ``prompt_text`` at the top level)."""
+    top: dict[str, Any] = {}
     if head.chat:
         delta: dict[str, Any] = {"role": "assistant", "content": ""} if text is None else {"content": text}
         choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+        if finish is not None:
+            choice["stop_reason"] = None
+        if text is None:
+            top = {"prompt_token_ids": None, "prompt_text": None}
+        else:
+            choice["token_ids"] = None
     else:
-        choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
-    if finish is not None:
-        choice["stop_reason"] = None
-    return {"id": head.rid, "object": head.object, "created": head.created, "model": head.model, "choices": [choice]}
+        choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish, "stop_reason": None,
+                  "prompt_token_ids": None, "token_ids": None}  # fmt: skip
+    head_fields = {"id": head.rid, "object": head.object, "created": head.created, "model": head.model}
+    return {**head_fields, "choices": [choice], **top}
 
 
 def usage_chunk(head: StreamHead, use: dict[str, Any]) -> dict[str, Any]:
     """The final ``choices: []`` chunk sent with ``stream_options.include_usage``."""
     return {"id": head.rid, "object": head.object, "created": head.created, "model": head.model, "choices": [],
-            "usage": use}  # fmt: skip
+            "usage": compact(use), "system_fingerprint": SYSTEM_FINGERPRINT}  # fmt: skip

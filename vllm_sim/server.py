@@ -185,7 +185,7 @@ class SimServer:
             self.frontend.resolve_model(params.model)
             prompts = await self.frontend.prompt_ids(body, chat)
             for ids in prompts:
-                check_prompt_len(len(ids), params.max_tokens, self.cfg.engine.max_model_len)
+                check_prompt_len(len(ids), self.cfg.engine.max_model_len)
         except ApiError as err:
             return error_response(err)
         rendered = [self._generate_request(ids, params, chat) for ids in prompts]

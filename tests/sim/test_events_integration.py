@@ -9,6 +9,7 @@ from typing import Any
 
 import aiohttp
 import msgspec
+import pytest
 import zmq
 import zmq.asyncio
 
@@ -111,6 +112,10 @@ async def test_scripted_run_stores_evicts_resets_replays_and_restarts(
 
             async with aiohttp.ClientSession() as s, s.post(f"{base}/reset_prefix_cache") as r:
                 assert r.status == 200
+            # As vLLM: the AllBlocksCleared waits for the engine's next step (an idle engine publishes nothing).
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(sub.recv(), 0.3)
+            await _complete(base, [5])  # one token: a step, no full block
             _, seq, events = await sub.recv()
             assert seq == 2 and events == [{"type": "AllBlocksCleared"}]
 

@@ -1,0 +1,125 @@
+"""Request-field validation as vLLM's OpenAI server does it (measured against vLLM 0.32's CPU build). Pure.
+
+Two kinds of 400, as vLLM has them:
+* schema errors (pydantic's): a field of the wrong type, a required field missing, a body that is not a JSON
+  object: ``type "Bad Request"``, ``param "body.<field>"`` (:func:`schema_error`);
+* semantic errors (vLLM's own checks on well-typed values): ``type "BadRequestError"``, ``param`` the field.
+
+Coercion is pydantic's lax mode: ``"5"`` is an int, ``"yes"`` a bool, ``"0.5"`` a float; ``"hot"`` is none.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_sim.openai_api import ApiError
+
+_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
+_FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
+_FLOATS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
+_INTS = ("seed", "top_k", "n", "min_tokens", "max_tokens", "max_completion_tokens", "top_logprobs",
+         "truncate_prompt_tokens")  # fmt: skip
+_BOOLS = ("stream", "ignore_eos", "echo", "add_special_tokens", "skip_special_tokens", "add_generation_prompt",
+          "continue_final_message")  # fmt: skip
+
+
+def schema_error(field: str, message: str) -> ApiError:
+    """pydantic's form: ``"1 validation error: ..."``, type ``Bad Request``, param ``body.<field>``."""
+    loc = "body" if not field else f"body.{field}"
+    return ApiError(400, f"1 validation error:\n  {loc}: {message}", param=loc, schema=True)
+
+
+def lax_bool(value: Any, field: str) -> bool:
+    """pydantic's lax bool: bools, 0/1, and the strings true/false/yes/no/on/off/t/f/y/n/1/0."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
+        return value.lower() in _TRUE
+    raise schema_error(field, "Input should be a valid boolean")
+
+
+def lax_int(value: Any, field: str) -> int:
+    """pydantic's lax int: ints, integral floats, and strings of an integer."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    raise schema_error(field, "Input should be a valid integer")
+
+
+def lax_float(value: Any, field: str) -> float:
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            pass
+    raise schema_error(field, "Input should be a valid number")
+
+
+def coerce_fields(body: dict[str, Any], chat: bool) -> dict[str, Any]:
+    """A copy of ``body`` with typed fields coerced (lax) and checked; raises ``ApiError`` (schema kind)."""
+    out = dict(body)
+    for key in _FLOATS:
+        if out.get(key) is not None:
+            out[key] = lax_float(out[key], key)
+    for key in _INTS:
+        if out.get(key) is not None:
+            out[key] = lax_int(out[key], key)
+    for key in _BOOLS:
+        if out.get(key) is not None:
+            out[key] = lax_bool(out[key], key)
+    stop = out.get("stop")
+    if stop is not None and not isinstance(stop, str) and not (
+        isinstance(stop, list) and all(isinstance(s, str) for s in stop)
+    ):  # fmt: skip
+        raise schema_error("stop", "Input should be a valid string or a list of strings")
+    if chat:
+        _check_chat_schema(out)
+    return out
+
+
+def _check_chat_schema(body: dict[str, Any]) -> None:
+    if "messages" not in body:
+        raise schema_error("messages", "Field required")
+    if not isinstance(body["messages"], list):
+        raise schema_error("messages", "Input should be a valid list")
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise schema_error("tools", "Input should be a valid list")
+
+
+def check_sampling(body: dict[str, Any]) -> None:
+    """vLLM's checks on well-typed sampling fields; raises ``ApiError`` (semantic kind, param = the field)."""
+    top_p = body.get("top_p")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ApiError(400, f"top_p must be in (0, 1], got {top_p}.", param="top_p")
+    temperature = body.get("temperature")
+    if temperature is not None and temperature < 0.0:
+        raise ApiError(400, f"temperature must be non-negative, got {temperature}.", param="temperature")
+    top_k = body.get("top_k")
+    if top_k is not None and top_k < -1:
+        raise ApiError(400, f"top_k must be -1 (disable), or at least 1, got {top_k}.", param="top_k")
+
+
+def check_tool_choice(body: dict[str, Any]) -> None:
+    """A named ``tool_choice`` must name one of ``tools`` (vLLM: 400, param ``tool_choice``)."""
+    choice = body.get("tool_choice")
+    if not isinstance(choice, dict):
+        return
+    name = (choice.get("function") or {}).get("name")
+    tools = body.get("tools") or []
+    names = {(t.get("function") or {}).get("name") for t in tools if isinstance(t, dict)}
+    if name not in names:
+        raise ApiError(400, "The tool specified in `tool_choice` does not match any of the specified `tools`",
+                       param="tool_choice")  # fmt: skip
