@@ -82,6 +82,7 @@ class StackSpec:
     sim_args: tuple[str, ...] = ()  # extra vllm-sim flags, e.g. ("--sim-output-len", "8")
     picker_overrides: dict[str, Any] = field(default_factory=dict)  # RouterConfig sections to merge in
     engine: EngineKind = "sim"  # "vllm-cpu": real vLLM CPU engines (bench/vllm_cpu.py), one process each
+    picker_tree: Path | None = None  # run the picker from this checkout (e.g. an older commit's worktree)
 
     def __post_init__(self) -> None:
         kinds = (self.envoy, *self.extra_envoys)
@@ -155,6 +156,10 @@ class Stack:
     def picker_metrics_url(self) -> str:
         """Picker 0's Prometheus endpoint."""
         return self.picker_metrics_urls[0]
+
+    def picker_pids(self) -> list[int]:
+        """The picker processes' pids (for CPU accounting)."""
+        return [p.pid for p in self.pickers if p.pid is not None]
 
     def processes(self) -> list[int]:
         """PIDs of every process this stack started (for checks that all are gone after ``stop()``)."""
@@ -230,7 +235,8 @@ class Stack:
         path = self.workdir / f"picker{index}.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         argv = [sys.executable, "-m", "extproc.cli", "serve", "--config", str(path)]
-        proc = ManagedProcess(f"picker{index}", argv, self.workdir / f"picker{index}.log", cwd=REPO)
+        proc = ManagedProcess(f"picker{index}", argv, self.workdir / f"picker{index}.log",
+                              cwd=self.spec.picker_tree or REPO)  # fmt: skip
         self.pickers.append(proc)
         proc.start(_log_has(proc, _PICKER_READY.pattern), PICKER_READY_TIMEOUT_S)
         match = _PICKER_READY.search(proc.log_text())
