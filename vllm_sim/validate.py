@@ -42,29 +42,28 @@ def lax_bool(value: Any, field: str) -> bool:
 
 def lax_int(value: Any, field: str) -> int:
     """pydantic's lax int: ints, integral floats, and strings of an integer."""
-    if isinstance(value, bool):
+    if isinstance(value, int):  # bool included: pydantic reads True as 1
         return int(value)
-    if isinstance(value, int):
-        return value
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    if isinstance(value, str):
-        try:
-            return int(value.strip())
-        except ValueError:
-            pass
-    raise schema_error(field, "Input should be a valid integer")
+    return int(_from_str(value, int, field, "Input should be a valid integer"))
 
 
 def lax_float(value: Any, field: str) -> float:
+    """pydantic's lax float: numbers and strings of a number."""
     if isinstance(value, int | float):
         return float(value)
+    return float(_from_str(value, float, field, "Input should be a valid number"))
+
+
+def _from_str(value: Any, parse: type[int] | type[float], field: str, message: str) -> float:
+    """``parse`` a string value (surrounding spaces allowed); anything else is the schema error."""
     if isinstance(value, str):
         try:
-            return float(value.strip())
+            return parse(value.strip())
         except ValueError:
             pass
-    raise schema_error(field, "Input should be a valid number")
+    raise schema_error(field, message)
 
 
 def coerce_fields(body: dict[str, Any], chat: bool) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 ``vllm_python``: the engine venv's python. Missing engine: the tier skips with the reason, except under
 ``CI=true``, where it fails (CI installs the engine; a silent skip there would hide a broken set-up).
 ``model_dir``: the tiny dummy-weight Qwen3 folder, built from bench/tiny_qwen3/ and tokenizer_cache/.
-``fleet``: two engines (sha256_cbor, PYTHONHASHSEED unset, a dummy LoRA adapter), the picker and Envoy, started once per session.
+``fleet``: two engines (sha256_cbor, PYTHONHASHSEED unset, a dummy LoRA adapter), the picker and Envoy, started once
+for this package and stopped after its last test (so no idle engine runs beside the rest of the suite).
 ``tally``: every request checked through the picker; the terminal summary prints how many predictions were exact.
 """
 
@@ -33,7 +34,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         terminalreporter.write_line(f"real vLLM: {tally.summary()}")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def vllm_python() -> Path:
     python = engine_python()
     if python is None:
@@ -46,12 +47,12 @@ def vllm_python() -> Path:
     return python
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def model_dir(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_model_dir(tmp_path_factory.mktemp("tiny-qwen3"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def fleet(vllm_python: Path, model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     workdir = tmp_path_factory.mktemp("fleet")
     lora = make_adapter(vllm_python, workdir / LORA_NAME)
@@ -62,6 +63,6 @@ def fleet(vllm_python: Path, model_dir: Path, tmp_path_factory: pytest.TempPathF
         running.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def tally(pytestconfig: pytest.Config) -> Tally:
     return pytestconfig.stash[_TALLY]

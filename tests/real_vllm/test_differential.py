@@ -39,6 +39,7 @@ SCRIPT: list[tuple[str, dict[str, Any]]] = [
     (CHAT, chat(ask(DOC, "Conclusion?"))),  # a hit
     (COMPLETIONS, completion(f"{DOC}\nSummary:")),
     (COMPLETIONS, completion(list(range(1000, 1300)))),
+    (COMPLETIONS, completion(list(range(3000, 6000)))),  # chunked prefill: its blocks come in two batches
     (CHAT, chat(ask(DOC, "Summarise it."), cache_salt="tenant-a")),
     (CHAT, chat(ask(DOC, "Weather in Oslo?"), tools=[WEATHER_TOOL])),
     (CHAT, chat(ask(DOC, "Summarise it."), chat_template_kwargs={"enable_thinking": False})),

@@ -25,6 +25,7 @@ from tests.real_vllm.fleet import BLOCK_SIZE, MAX_MODEL_LEN, NUM_GPU_BLOCKS, REP
 
 HASH_ALGO, HASH_SEED = "sha256", "0"
 TOPIC = "kv@twin"
+CPU_BATCHED_TOKENS = 2048  # vLLM's CPU build prefills at most this many tokens per step (the simulator: 8192)
 Frame = tuple[bytes, int, Any]  # (topic, seq, decoded payload)
 
 
@@ -106,6 +107,7 @@ def start_twins(python: Path, model_dir: Path, workdir: Path, ctx: zmq.Context[z
         "--tokenizer", str(REPO / "tokenizer_cache" / MODEL), "--sim-profile", "fast",
         "--block-size", str(BLOCK_SIZE), "--prefix-caching-hash-algo", HASH_ALGO,
         "--num-gpu-blocks-override", str(NUM_GPU_BLOCKS), "--max-model-len", str(MAX_MODEL_LEN),
+        "--max-num-batched-tokens", str(CPU_BATCHED_TOKENS),
         "--enable-prompt-tokens-details", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
         "--enable-scale-out", "--kv-events-config", json.dumps(sim_events),
     ]  # fmt: skip
