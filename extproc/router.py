@@ -197,11 +197,11 @@ class Router:
         return decision, routing
 
     def _tokenize_budget(self, request: HttpRequest) -> float | None:
-        """Seconds left for tokenizing (the answer budget less the time since the first message and a reserve
-        for the lookups), or None when the adapter did not say when the request arrived."""
+        """Seconds left for tokenizing (the answer budget less the time since the first message), or None when
+        the adapter did not say when the request arrived. The lookups after it keep their own deadlines."""
         if request.received_at_s is None:
             return None
-        left = self._s.answer_budget_s - (self._clock() - request.received_at_s) - 4 * self._s.lookup_deadline_s
+        left = self._s.answer_budget_s - (self._clock() - request.received_at_s)
         if left <= 0:
             self._d.metrics.late_requests.inc()
         return left

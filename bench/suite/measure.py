@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.stack import flush_events
 from bench.suite.client import Result
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -73,12 +74,17 @@ def wait_idle(addresses: Sequence[str], timeout_s: float = 60.0) -> bool:
 
 
 def reset_caches(addresses: Sequence[str]) -> None:
-    """Every backend starts the cell cold (forced: a request the client gave up on may still be running)."""
+    """Every backend starts the cell cold (forced: a request the client gave up on may still be running).
+
+    Like vLLM, the simulator publishes the reset's ``AllBlocksCleared`` with its next engine step; each
+    backend is made to take one (``flush_events``) so the routers' indexes are cold before the cell starts,
+    not purged by the cell's first request."""
     for a in addresses:
         req = urllib.request.Request(f"http://{a}/reset_prefix_cache?reset_running_requests=true", data=b"",
                                      method="POST")  # fmt: skip
         with urllib.request.urlopen(req, timeout=10.0) as resp:
             resp.read()
+        flush_events(a)
 
 
 def cpu_s(pids: Iterable[int]) -> float:

@@ -223,7 +223,7 @@ async def test_a_late_request_is_routed_by_load_without_tokenizing() -> None:
     fresh = HttpRequest("POST", "/v1/chat/completions", {}, b"{}", "r1", received_at_s=now)
     route = await router.route(fresh)
     assert isinstance(route, Route) and route.headers[HEADER_REASON] != Reason.NO_TOKENS.value
-    assert 0.4 < preparer.budgets[-1] <= 0.5  # the rest of the budget, less a reserve for the lookups
+    assert 0.4 < preparer.budgets[-1] <= 0.5  # the rest of the budget
     late = HttpRequest("POST", "/v1/chat/completions", {}, b"{}", "r2", received_at_s=now - 0.6)
     route = await router.route(late)
     assert isinstance(route, Route) and route.headers[HEADER_REASON] == Reason.NO_TOKENS.value
