@@ -303,6 +303,7 @@ class App:
             metrics=self.metrics,
             executor=self.hash_executor,
             shared_load=self.shared_load,
+            has_live_events=self.feed.has_live_events,
         )
 
     async def start(self) -> None:

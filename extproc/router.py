@@ -115,6 +115,8 @@ class RouterDeps:
     metrics: RouterMetrics
     executor: Executor  # for hashing long prompts: its own thread, never queued behind tokenization
     shared_load: SharedLoad | None = None  # in-flight load shared with the other replicas (Redis)
+    # endpoint's events will report what it stores (even while cold after a purge); None: ``is_precise``
+    has_live_events: Callable[[EndpointId], bool] | None = None
 
 
 class Router:
@@ -288,7 +290,10 @@ class Router:
         if self._d.shared_load is not None:
             self._spawn(self._d.shared_load.add(pick, uncached))
         if routing.block_hashes:
-            ttl = self._s.burst_mark_ttl_s if self._d.is_precise(pick) else self._s.approx_ttl_s
+            # Where events will report the blocks (a cold event-fed endpoint included), our record only bridges
+            # the moment until they do: a short burst mark, never a 600 s guess that its BlockRemoved cannot undo.
+            live = self._d.has_live_events or self._d.is_precise
+            ttl = self._s.burst_mark_ttl_s if live(pick) else self._s.approx_ttl_s
             self._spawn(self._d.approx.store(pick, routing.block_hashes, ttl_s=ttl, chain=_FROM_ROOT))
 
     def _remember(self, request_id: str, pick: EndpointId, hashes: Sequence[BlockHash]) -> None:

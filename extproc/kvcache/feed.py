@@ -100,6 +100,9 @@ class EventFeed:
     def is_precise(self, endpoint: EndpointId) -> bool:
         return self.subscriber.is_precise(endpoint)
 
+    def has_live_events(self, endpoint: EndpointId) -> bool:
+        return self.subscriber.has_live_events(endpoint)
+
     async def stop(self) -> None:
         """Stop following (no more writes), then release the leases so other replicas take over at once."""
         await self.subscriber.close()

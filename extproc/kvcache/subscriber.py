@@ -199,6 +199,12 @@ class KvEventSubscriber:
         status = self.status(endpoint)
         return status is not None and status.connected and status.trusted and not status.cold
 
+    def has_live_events(self, endpoint: EndpointId) -> bool:
+        """Whether ``endpoint``'s stream is followed, connected and trusted, cold or not: what it stores will be
+        reported, so the router's own record of a pick there need only bridge the moment until it is."""
+        status = self.status(endpoint)
+        return status is not None and status.connected and status.trusted
+
     def bound_address(self, endpoint: EndpointId) -> str | None:
         """In bind mode, the address actually bound (resolves a ``*`` port); None until bound."""
         stream = self._streams.get(endpoint)

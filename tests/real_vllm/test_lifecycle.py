@@ -100,12 +100,6 @@ def test_block_removed_reaches_the_index(fleet: Fleet, tally: Tally) -> None:
     assert probe.reported < warm.prompt_tokens - BLOCK_SIZE
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="picker: a request routed to a cold event-fed endpoint (after a reset or "
-    "purge, before a store lands) is remembered in the approximate index for approx_ttl_s (600 s), "
-    "and that guess outlives the engine's BlockRemoved (router._record picks the TTL by is_precise)",
-)
 def test_eviction_of_a_request_routed_while_cold(fleet: Fleet, tally: Tally) -> None:
     """As above without priming: right after the reset both engines are cold when the warm request is routed."""
     fleet.reset_prefix_caches()

@@ -1,6 +1,7 @@
 """Router.route() with hand-written fakes: what it routes, what it records, how it degrades."""
 
 import asyncio
+import dataclasses
 import random
 import time
 from collections.abc import Collection, Mapping, Sequence
@@ -71,6 +72,7 @@ class FakeHasher:
 class DictIndex:
     def __init__(self, fail: bool = False, delay_s: float = 0.0) -> None:
         self.held: dict[EndpointId, set[BlockHash]] = {}
+        self.ttls: list[tuple[EndpointId, float | None]] = []  # (endpoint, ttl_s) of every store
         self.fail, self.delay_s = fail, delay_s
 
     async def match(
@@ -87,8 +89,11 @@ class DictIndex:
             out[e] = n
         return out
 
-    async def store(self, endpoint: EndpointId, hashes: Sequence[BlockHash], **_: object) -> None:
+    async def store(
+        self, endpoint: EndpointId, hashes: Sequence[BlockHash], *, ttl_s: float | None = None, **_: object
+    ) -> None:
         self.held.setdefault(endpoint, set()).update(hashes)
+        self.ttls.append((endpoint, ttl_s))
 
     async def remove(self, endpoint: EndpointId, hashes: Sequence[BlockHash]) -> None: ...
     async def clear(self, endpoint: EndpointId) -> None: ...
@@ -232,3 +237,20 @@ async def test_a_late_request_is_routed_by_load_without_tokenizing() -> None:
     untimed = HttpRequest("POST", "/v1/chat/completions", {}, b"{}", "r3")
     await router.route(untimed)
     assert preparer.budgets[-1] is None  # no arrival time: the tokenizer's own timeout applies
+
+
+@pytest.mark.parametrize(
+    ("live", "expected_ttl_s"),
+    [(True, 2.0), (False, 600.0)],
+    ids=["event-fed-but-cold: a burst mark", "no-events: a guess"],
+)
+async def test_the_record_of_a_pick_lives_only_until_events_can_report_it(live: bool, expected_ttl_s: float) -> None:
+    """An event-fed endpoint that is cold (just purged or reset: not precise yet) gets a short burst mark, not a
+    600 s guess, so the engine's later BlockRemoved is not outlived by our own record (found on real vLLM)."""
+    router, approx, _ = make_router(settings=RouterSettings(burst_mark_ttl_s=2.0, approx_ttl_s=600.0))
+    router._d = dataclasses.replace(router._d, has_live_events=lambda e: live)
+    route = await router.route(post())
+    assert isinstance(route, Route)
+    await asyncio.sleep(0)  # the record is a background write
+    await asyncio.sleep(0)
+    assert approx.ttls == [(route.endpoints[0], expected_ttl_s)]
