@@ -99,10 +99,11 @@ class CachedHasher:
             with self._lock:
                 for start in range(0, count * size, step):
                     stop = min(start + step, count * size)
-                    chunk = self._chunks.get((parent or root, extra[1 if start else 0], packed[start:stop].tobytes()))
+                    key = (parent or root, extra[1 if start else 0], packed[start:stop].tobytes())
+                    chunk = self._chunks.get(key)
                     if chunk is None:
                         break
-                    self._chunks.move_to_end((parent or root, extra[1 if start else 0], packed[start:stop].tobytes()))
+                    self._chunks.move_to_end(key)
                     known += chunk.hashes
                     parent = chunk.last
         return PendingHashes(known, count - len(known), tokens, parent, extra, lora, cache_salt, packed)

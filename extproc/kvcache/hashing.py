@@ -194,7 +194,7 @@ class BlockHasher:
         first, rest = extra_keys_for(lora, cache_salt)
         if not first_block:
             first = rest
-        tokens = token_ids[: count * size]
+        tokens = token_ids if len(token_ids) == count * size else token_ids[: count * size]
         start = parent if parent is not None else self._none_hash
         if self._cbor:
             return self._chain_cbor(tokens, size, first, rest, start)

@@ -208,7 +208,8 @@ class EncoderChoice:
 class ShadowCheck:
     """Re-encodes a sampled ``fraction`` of requests with the reference on ``executor`` and compares.
 
-    ``offer`` is called on the hot path with what the fast encoder returned; it only samples and submits.
+    ``offer`` is called on the hot path (by ``EncoderChoice.encode``, for fast encodings only) with what the
+    fast encoder returned; it only samples and submits.
     ``on_result(model, matched)`` is called from the executor's thread (a metrics counter). At most
     ``max_pending`` checks are queued: under load checks are skipped, never the requests.
     """
@@ -231,7 +232,7 @@ class ShadowCheck:
         self._lock = threading.Lock()
 
     def offer(self, choice: EncoderChoice, text: str, add_special_tokens: bool, ids: TokenIds) -> None:
-        if self._fraction <= 0 or choice.current is choice.reference or self._rng.random() >= self._fraction:
+        if self._fraction <= 0 or self._rng.random() >= self._fraction:
             return
         with self._lock:
             if self._pending >= self._max_pending:
