@@ -21,8 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from extproc.envoy import keys
-from extproc.envoy_config import BodyMode, EnvoyOptions, render_bootstrap, to_yaml
+from extproc.envoy_config import BodyMode, EnvoyOptions, keys, render_bootstrap, to_yaml
 
 DEPLOY = Path(__file__).resolve().parent
 

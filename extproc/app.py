@@ -35,14 +35,13 @@ from extproc.kvcache.mirrored_index import MirroredIndex
 from extproc.kvcache.redis_index import RedisPrefixIndex
 from extproc.kvcache.subscriber import EventSource
 from extproc.observability import CountersCollector, PreciseGauge, RouterMetrics, TokenizerCollector
-from extproc.pools import SchemeResolver, TenantResolver
 from extproc.prompt.encoders import ShadowCheck
 from extproc.prompt.preparer import build_preparer
 from extproc.protocol.exchange import ProcessorOptions
 from extproc.protocol.server import RunningServer, start_server
+from extproc.resolvers import SchemeResolver, TenantResolver
 from extproc.router import PendingHashes, Router, RouterDeps, RouterSettings
-from extproc.scheduling.estimate import EstimatorParams
-from extproc.scheduling.profiles import Profile, TtftProfile, WeightedProfile
+from extproc.scheduling.build import build_profile
 from extproc.types import BlockHash, Endpoint, EndpointId, HashScheme, LoraAdapter
 
 log = logging.getLogger(__name__)
@@ -75,27 +74,6 @@ class HasherCache:
         if hasher is None:
             hasher = self._hashers.setdefault(scheme, CachedHasher(BlockHasher(scheme), max_bytes=self._max_bytes))
         return hasher
-
-
-def build_profile(config: RouterConfig) -> Profile:
-    s = config.scheduling
-    params = EstimatorParams(
-        prefill_tokens_per_s=s.prefill_tokens_per_s,
-        decode_slowdown_per_running=s.decode_slowdown_per_running,
-        request_overhead_s=s.request_overhead_s,
-        kv_pressure_threshold=s.kv_pressure_threshold,
-        kv_penalty_s=s.kv_penalty_s,
-    )
-    if s.profile == "weighted":
-        return WeightedProfile(weights=dict(s.weights), params=params, fallbacks=s.fallbacks)
-    return TtftProfile(
-        params=params,
-        stickiness_s=s.stickiness_s,
-        min_prefix_share=s.min_prefix_share,
-        tie_epsilon_s=s.tie_epsilon_s,
-        fallbacks=s.fallbacks,
-        shed_ttft_s=s.shed_ttft_s,
-    )
 
 
 class App:
@@ -299,7 +277,7 @@ class App:
             precise=self.precise,
             approx=self.approx,
             is_precise=self.feed.is_precise,
-            profile=build_profile(config),
+            profile=build_profile(config.scheduling),
             metrics=self.metrics,
             executor=self.hash_executor,
             shared_load=self.shared_load,

@@ -5,12 +5,18 @@ Validated once at boot; a bad file is a clear error naming the field, and nothin
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from extproc.scheduling.scorers import SCORERS
+from extproc.wire import TENANT_HEADER
+
+log = logging.getLogger(__name__)
 
 
 class _Strict(BaseModel):
@@ -35,20 +41,22 @@ class ModelConfig(_Strict):
     block_size: int | None = Field(None, ge=1, description="KV block size; None = discover from backends")
     hash_algo: Literal["sha256", "sha256_cbor"] | None = Field(None, description="None = discover")
     hash_seed: str | None = Field(None, description="PYTHONHASHSEED the engines run with; None = unset")
-    loras: tuple[LoraConfig, ...] = ()
+    loras: tuple[LoraConfig, ...] = Field((), description="LoRA adapters the engines serve on this model")
 
 
 class KvEventsConfig(_Strict):
     endpoint: str = Field(description="the engine's PUB endpoint, e.g. tcp://127.0.0.1:5557")
     replay_endpoint: str | None = Field(None, description="the engine's ROUTER replay endpoint")
-    topic: str = ""
+    topic: str = Field("", description="ZMQ topic to subscribe to, as vLLM's kv_events_config.topic; \"\" = all")
 
 
 class EndpointConfig(_Strict):
     address: str = Field(description="ip:port as Envoy reaches the model server")
     metrics_url: str | None = Field(None, description="default http://<address>/metrics")
     models: tuple[str, ...] = Field((), description="served models; empty = discover from /v1/models")
-    kv_events: KvEventsConfig | None = None
+    kv_events: KvEventsConfig | None = Field(
+        None, description="the engine's KV-event stream; None = approximate (our own guesses) only"
+    )
 
     @field_validator("address")
     @classmethod
@@ -94,11 +102,10 @@ class ScrapeConfig(_Strict):
     discover_interval_s: float = Field(5.0, gt=0, description="how often /v1/models is re-read")
 
 
-class SchedulingConfig(_Strict):
-    profile: Literal["ttft", "weighted"] = "ttft"
-    prefill_tokens_per_s: float = Field(
-        12000.0, gt=0, description="one endpoint's prefill throughput, to turn tokens into seconds"
-    )
+class TtftProfileConfig(_Strict):
+    """The default profile: estimate each endpoint's time to first token, stay warm while it is worth it."""
+
+    type: Literal["ttft"] = Field("ttft", description="estimate each endpoint's TTFT and pick the lowest")
     decode_slowdown_per_running: float = Field(
         0.004, ge=0, description="fractional prefill slowdown per running request (batch interference)"
     )
@@ -111,6 +118,9 @@ class SchedulingConfig(_Strict):
         "prefix-heavy fleets every warm backend runs near full, and spilling for it copies prefixes and evicts more)",
     )
     kv_penalty_s: float = Field(1.0, ge=0, description="the estimate's delay at 100% KV usage, past the threshold")
+    unknown_load_penalty_s: float = Field(
+        1.0, ge=0, description="added to the estimate of an endpoint whose load is unknown (unknown is not idle)"
+    )
     stickiness_s: float = Field(
         0.2,
         ge=0,
@@ -122,31 +132,109 @@ class SchedulingConfig(_Strict):
         0.2, ge=0, le=1, description="a cached prefix below this share of the prompt counts as cold"
     )
     tie_epsilon_s: float = Field(0.002, ge=0, description="estimates closer than this are ties, spread")
-    fallbacks: int = Field(2, ge=0, description="extra endpoints in the header for Envoy's retries")
+
+
+class WeightedProfileConfig(_Strict):
+    """The classic blend: weighted scorers in [0, 1] (``scheduling/scorers.py``), the highest total wins."""
+
+    type: Literal["weighted"] = Field(description="weighted scorers, the highest total wins")
     weights: dict[str, float] = Field(
         default_factory=lambda: {"prefix": 3.0, "queue": 2.0, "kv": 1.0},
-        description="weighted profile only: scorer name → weight",
+        description="scorer name (a key of scheduling.scorers.SCORERS) → weight",
     )
-    shed_ttft_s: float = Field(30.0, gt=0, description="sheddable (priority<0) requests get 429 beyond this")
 
     @field_validator("weights")
     @classmethod
     def _known_scorers(cls, value: dict[str, float]) -> dict[str, float]:
-        unknown = set(value) - {"prefix", "queue", "kv"}
+        unknown = set(value) - set(SCORERS)
         if unknown:
-            raise ValueError(f"unknown scorers {sorted(unknown)}; known: prefix, queue, kv")
+            raise ValueError(f"unknown scorers {sorted(unknown)}; known: {', '.join(SCORERS)}")
         return value
 
 
+ProfileConfig = Annotated[TtftProfileConfig | WeightedProfileConfig, Field(discriminator="type")]
+_PROFILE_KNOBS = {
+    "ttft": frozenset(TtftProfileConfig.model_fields) - {"type"},
+    "weighted": frozenset(WeightedProfileConfig.model_fields) - {"type"},
+}
+
+
+class SchedulingConfig(_Strict):
+    """How the decision is made: one profile (a tagged union on ``profile.type``) plus what every profile shares.
+
+    The pre-union spelling (``profile: ttft`` or ``weighted`` with the profile's knobs flat on ``scheduling``)
+    is still read, with one deprecation warning per load naming the new spelling.
+    """
+
+    profile: ProfileConfig = Field(
+        default_factory=TtftProfileConfig,
+        description="the scheduling profile: {type: ttft, ...} or {type: weighted, weights}",
+    )
+    prefill_tokens_per_s: float = Field(
+        12000.0,
+        gt=0,
+        description="one endpoint's prefill throughput, to turn tokens into seconds: the TTFT estimate's rate and "
+        "the rate at which the load we routed (in-flight, shared) drains, whatever the profile",
+    )
+    fallbacks: int = Field(2, ge=0, description="extra endpoints in the header for Envoy's retries")
+    shed_ttft_s: float = Field(30.0, gt=0, description="sheddable (priority<0) requests get 429 beyond this")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _profile_spelling(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = _from_flat_spelling(data)
+        profile = data.get("profile")
+        if isinstance(profile, dict) and profile.get("type") in _PROFILE_KNOBS:
+            kind = profile["type"]
+            for other, knobs in _PROFILE_KNOBS.items():
+                wrong = sorted(knobs & (profile.keys() - _PROFILE_KNOBS[kind])) if other != kind else []
+                if wrong:
+                    raise ValueError(
+                        f"scheduling.profile: {', '.join(wrong)} belong(s) to profile type {other!r}, "
+                        f"but profile.type is {kind!r}"
+                    )
+        return data
+
+
+def _from_flat_spelling(data: dict[str, Any]) -> dict[str, Any]:
+    """The pre-union spelling → ``profile: {type, knobs}``, with one warning naming the new spelling.
+
+    Knobs of the other profile (which the old spelling accepted and ignored) are dropped, and the warning says so.
+    """
+    moved = {k: kind for kind, knobs in _PROFILE_KNOBS.items() for k in knobs}
+    flat = {k: v for k, v in data.items() if k in moved}
+    profile = data.get("profile")
+    if not flat and not isinstance(profile, str):
+        return data
+    if flat and isinstance(profile, dict):
+        raise ValueError(
+            f"scheduling: {', '.join(sorted(flat))} must be given inside scheduling.profile, not beside it"
+        )
+    kind = profile if isinstance(profile, str) else "ttft"
+    if kind not in _PROFILE_KNOBS:
+        raise ValueError(f"scheduling.profile: unknown profile {kind!r}; known: {', '.join(_PROFILE_KNOBS)}")
+    mine = {k: v for k, v in flat.items() if moved[k] == kind}
+    ignored = sorted(set(flat) - set(mine))
+    new = ", ".join(f"{k}: {v!r}" for k, v in {"type": kind, **mine}.items())
+    message = f"config: scheduling's flat profile spelling is deprecated; write scheduling.profile: {{{new}}}"
+    if ignored:
+        message += f" (dropped, as they never applied to the {kind} profile: {', '.join(ignored)})"
+    log.warning(message)
+    rest = {k: v for k, v in data.items() if k not in moved and k != "profile"}
+    return {**rest, "profile": {"type": kind, **mine}}
+
+
 class TenantClass(_Strict):
-    priority: int = 0
+    priority: int = Field(0, description="higher first; negative = sheddable (429 beyond scheduling.shed_ttft_s)")
     ttft_target_s: float | None = Field(None, gt=0, description="bounds the wait for a warm endpoint")
 
 
 class TenantsConfig(_Strict):
-    header: str = "x-gateway-inference-fairness-id"
+    header: str = Field(TENANT_HEADER, description="request header whose value names the tenant (GIE fairness id)")
     classes: dict[str, TenantClass] = Field(default_factory=dict, description="tenant id → class")
-    default: TenantClass = TenantClass()
+    default: TenantClass = Field(TenantClass(), description="class of tenants not listed in classes")
 
 
 class IndexConfig(_Strict):
@@ -199,20 +287,22 @@ class TokenizerConfig(_Strict):
 
 
 class LimitsConfig(_Strict):
-    max_body_bytes: int = Field(32 * 1024 * 1024, gt=0)
-    tokenize_timeout_s: float = Field(1.0, gt=0)
+    max_body_bytes: int = Field(32 * 1024 * 1024, gt=0, description="larger request bodies get 413")
+    tokenize_timeout_s: float = Field(
+        1.0, gt=0, description="render + tokenize longer than this and the request is routed by load"
+    )
     answer_budget_s: float = Field(
         0.5,
         gt=0,
         description="a request that reached the picker longer ago than this is routed by load at once, and "
         "tokenization never runs past it; keep it well under Envoy's ext_proc message_timeout (2 s here)",
     )
-    tokenizer_workers: int = Field(2, ge=1)
+    tokenizer_workers: int = Field(2, ge=1, description="threads rendering and tokenizing off the event loop")
 
 
 class ListenConfig(_Strict):
-    host: str = "127.0.0.1"
-    grpc_port: int = Field(9002, ge=0, lt=65536)
+    host: str = Field("127.0.0.1", description="address the gRPC and metrics servers bind")
+    grpc_port: int = Field(9002, ge=0, lt=65536, description="ext_proc gRPC port; 0 = any free port")
     metrics_port: int | None = Field(9090, ge=0, lt=65536, description="Prometheus; None = off")
 
 
@@ -225,26 +315,30 @@ class ProtocolConfig(_Strict):
 
 
 class LoggingConfig(_Strict):
-    level: str = "INFO"
+    level: str = Field("INFO", description="log level; INFO writes one line per decision")
     log_prompts: bool = Field(
         False, description="decision lines carry the first 512 bytes of the body (prompt text); off: privacy"
     )
 
 
 class RouterConfig(_Strict):
-    listen: ListenConfig = ListenConfig()
-    models: tuple[ModelConfig, ...] = Field(min_length=1)
+    listen: ListenConfig = Field(ListenConfig(), description="where the picker serves gRPC and metrics")
+    models: tuple[ModelConfig, ...] = Field(min_length=1, description="the served models (and their adapters)")
     endpoints: tuple[EndpointConfig, ...] = Field((), description="static model servers; may be empty with discovery")
-    discovery: DiscoveryConfig = DiscoveryConfig()
-    scrape: ScrapeConfig = ScrapeConfig()
-    scheduling: SchedulingConfig = SchedulingConfig()
-    tenants: TenantsConfig = TenantsConfig()
+    discovery: DiscoveryConfig = Field(DiscoveryConfig(), description="model servers found at run time")
+    scrape: ScrapeConfig = Field(ScrapeConfig(), description="reading each endpoint's /metrics and /v1/models")
+    scheduling: SchedulingConfig = Field(SchedulingConfig(), description="how the pick is made")
+    tenants: TenantsConfig = Field(TenantsConfig(), description="tenant classes, by the fairness header")
     index: IndexConfig = IndexConfig()
-    limits: LimitsConfig = LimitsConfig()
-    protocol: ProtocolConfig = ProtocolConfig()
-    logging: LoggingConfig = LoggingConfig()
-    tokenizer: TokenizerConfig = TokenizerConfig()
-    tokenizer_cache_dir: str = "tokenizer_cache"
+    limits: LimitsConfig = Field(LimitsConfig(), description="bounds on request size and tokenization")
+    protocol: ProtocolConfig = Field(ProtocolConfig(), description="ext_proc stream behaviour")
+    logging: LoggingConfig = Field(LoggingConfig(), description="log level and what decision lines carry")
+    tokenizer: TokenizerConfig = Field(TokenizerConfig(), description="how prompts are encoded")
+    tokenizer_cache_dir: str = Field(
+        "tokenizer_cache",
+        description="folder of per-model tokenizers, loaded offline (relative: to the cwd, or with --relative to "
+        "the config's folder)",
+    )
 
     @model_validator(mode="after")
     def _unique(self) -> RouterConfig:

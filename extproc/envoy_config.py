@@ -1,4 +1,5 @@
-"""Public API for Envoy configuration: ``EnvoyOptions`` → ``render_bootstrap`` → ``to_yaml``.
+"""The one door to Envoy configuration for code outside ``extproc/envoy/``: ``EnvoyOptions`` →
+``render_bootstrap`` → ``to_yaml`` (the package's own modules never come back through it).
 
 The pieces live in ``extproc/envoy/``: ``options`` (the typed knobs), ``filters`` (strip, subset hint,
 ext_proc, router, access log), ``clusters`` (picker and model servers), ``bootstrap`` (listener, route,

@@ -1,8 +1,8 @@
 """``Router.route()``: every await happens here (prepare, hash, lookup), then one pure decision.
 
-Read path per request: classify → parse + render + tokenize (off the event loop) → hash blocks → look the
-blocks up (precise and approximate indexes, each under a deadline) → build frozen candidates → the profile
-decides → record what we routed (in-flight load, approximate index) → one structured log line.
+Read path per request: classify (by the parser's paths) → parse + render + tokenize (off the event loop) → hash
+blocks → look the blocks up (precise and approximate indexes, each under a deadline) → build frozen candidates
+→ the profile decides → record what we routed (in-flight load, approximate index) → one structured log line.
 """
 
 from __future__ import annotations
@@ -18,10 +18,13 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Protocol
 
+from extproc import wire
 from extproc.backends.inflight import InflightLoad
-from extproc.backends.registry import EndpointRegistry, EndpointState
+from extproc.backends.load import snapshot
+from extproc.backends.registry import EndpointRecord, EndpointRegistry
 from extproc.backends.shared_load import SharedLoad, SharedLoadUnavailable
 from extproc.errors import NoEndpoint, RouterError
+from extproc.kvcache.hashing import Unhashable
 from extproc.kvcache.index import Chain, IndexUnavailable, PrefixIndex
 from extproc.observability import PhaseTimer, RouterMetrics
 from extproc.scheduling.filters import eligible
@@ -33,7 +36,6 @@ from extproc.types import (
     EndpointId,
     HashScheme,
     HttpRequest,
-    LoadSnapshot,
     LoraAdapter,
     PassThrough,
     PreparedPrompt,
@@ -44,10 +46,6 @@ from extproc.types import (
 
 log = logging.getLogger("extproc.decision")
 
-LLM_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
-HEADER_REASON = "x-router-reason"
-HEADER_CACHED = "x-router-cached-tokens"
-HEADER_PROMPT = "x-router-prompt-tokens"
 _LOGGED_BODY_BYTES = 512
 _INLINE_HASH_BLOCKS = 256  # more uncached blocks than this (~0.6 ms+) are hashed off the event loop
 _SERVED_MEMORY = 1024  # picks remembered until Envoy reports the served endpoint (oldest forgotten first)
@@ -55,6 +53,10 @@ _FROM_ROOT = Chain.from_root()  # a prompt's block hashes start at its first blo
 
 
 class Preparer(Protocol):
+    def parses(self, path: str) -> bool:
+        """Whether ``path`` is one the parser understands (an OpenAI completions path); others pass through."""
+        ...
+
     async def prepare(self, request: HttpRequest, tokenize_within_s: float | None = None) -> PreparedPrompt:
         """Parse, resolve the model, render and tokenize (within ``tokenize_within_s``; <= 0: skip it).
         Raises RouterError for bad input; a tokenizer failure is not an error (``token_ids`` None)."""
@@ -88,7 +90,7 @@ class RouterSettings:
     lookup_deadline_s: float = 0.005
     approx_ttl_s: float = 600.0
     burst_mark_ttl_s: float = 2.0
-    tenant_header: str = "x-gateway-inference-fairness-id"
+    tenant_header: str = wire.TENANT_HEADER
     max_blocks: int = 8192
     log_prompts: bool = False  # the decision line carries the body's first bytes (prompt text): opt-in only
     use_index: bool = True  # False: load-only routing (no hashing, no lookups)
@@ -130,8 +132,8 @@ class Router:
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._d = deps
-        self._s = settings
+        self._deps = deps
+        self._settings = settings
         self._rng = rng or random.Random()
         self._clock = clock
         self._background: set[asyncio.Task[None]] = set()
@@ -140,7 +142,7 @@ class Router:
 
     async def route(self, request: HttpRequest) -> Route | PassThrough:
         """Decide where ``request`` goes. Raises RouterError (mapped to an HTTP error by the adapter)."""
-        if request.method != "POST" or request.path.split("?", 1)[0] not in LLM_PATHS:
+        if request.method != "POST" or not self._deps.preparer.parses(request.path):
             return PassThrough()
         if not request.body and request.subset is None:
             # Nothing to route on: Envoy decided at the headers (body mode NONE, STREAMED or GRPC, where the
@@ -151,30 +153,30 @@ class Router:
         try:
             decision, routing = await self._decide(request, timer)
         except RouterError as exc:
-            self._d.metrics.rejections.labels(str(exc.status)).inc()
+            self._deps.metrics.rejections.labels(str(exc.status)).inc()
             log.info(json.dumps({"request_id": request.request_id, "rejected": exc.status, "error": exc.message}))
             raise
         self._record(routing, decision)
-        if self._s.track_served:
+        if self._settings.track_served:
             self._remember(request.request_id, decision.endpoints[0], routing.block_hashes)
         timer.mark("total_end")
         self._observe(request, routing, decision, timer)
         return Route(
             decision.endpoints,
             {
-                HEADER_REASON: decision.reason.value,
-                HEADER_CACHED: str(decision.cached_tokens),
-                HEADER_PROMPT: str(routing.prompt_tokens),
+                wire.REASON_HEADER: decision.reason.value,
+                wire.CACHED_TOKENS_HEADER: str(decision.cached_tokens),
+                wire.PROMPT_TOKENS_HEADER: str(routing.prompt_tokens),
             },
         )
 
     async def _decide(self, request: HttpRequest, timer: PhaseTimer) -> tuple[Decision, RoutingRequest]:
-        prepared = await self._d.preparer.prepare(request, self._tokenize_budget(request))
+        prepared = await self._deps.preparer.prepare(request, self._tokenize_budget(request))
         timer.mark("tokenize", split_first=("parse", prepared.parse_s))
-        scheme = self._d.scheme_for(prepared.base_model)
+        scheme = self._deps.scheme_for(prepared.base_model)
         hashes = await self._hash(scheme, prepared)
         timer.mark("hash")
-        tenant_id = request.headers.get(self._s.tenant_header, "")
+        tenant_id = request.headers.get(self._settings.tenant_header, "")
         routing = RoutingRequest(
             request_id=request.request_id,
             model=prepared.model,
@@ -183,10 +185,10 @@ class Router:
             prompt_tokens=len(prepared.token_ids or ()),
             block_hashes=hashes,
             block_size=scheme.block_size,
-            tenant=self._d.tenant_for(tenant_id),
+            tenant=self._deps.tenant_for(tenant_id),
             subset=frozenset(request.subset) if request.subset is not None else None,
         )
-        states = self._d.registry.snapshot()
+        states = self._deps.registry.snapshot()
         endpoints = eligible((s.endpoint for s in states.values()), routing.base_model, routing.lora, routing.subset)
         if not endpoints:
             raise NoEndpoint("no eligible endpoint serves this model")
@@ -194,7 +196,7 @@ class Router:
         matches, shared = await asyncio.gather(self._lookup(hashes, ids), self._shared_queued(ids))
         timer.mark("lookup")
         candidates = [self._candidate(states[e.id], matches.get(e.id, 0), shared.get(e.id, 0.0)) for e in endpoints]
-        decision = self._d.profile.decide(routing, candidates, self._rng)
+        decision = self._deps.profile.decide(routing, candidates, self._rng)
         timer.mark("score")
         return decision, routing
 
@@ -203,26 +205,24 @@ class Router:
         the adapter did not say when the request arrived. The lookups after it keep their own deadlines."""
         if request.received_at_s is None:
             return None
-        left = self._s.answer_budget_s - (self._clock() - request.received_at_s)
+        left = self._settings.answer_budget_s - (self._clock() - request.received_at_s)
         if left <= 0:
-            self._d.metrics.late_requests.inc()
+            self._deps.metrics.late_requests.inc()
         return left
 
     async def _hash(self, scheme: HashScheme, prepared: PreparedPrompt) -> list[BlockHash]:
         tokens = prepared.token_ids
-        if not tokens or not self._s.use_index:
+        if not tokens or not self._settings.use_index:
             return []
-        tokens = tokens[: self._s.max_blocks * scheme.block_size]
+        tokens = tokens[: self._settings.max_blocks * scheme.block_size]
         try:
-            pending = self._d.hasher.start(scheme, tokens, prepared.lora, prepared.cache_salt)
+            pending = self._deps.hasher.start(scheme, tokens, prepared.lora, prepared.cache_salt)
             if pending.missing_blocks <= _INLINE_HASH_BLOCKS:
-                return self._d.hasher.finish(scheme, pending)
+                return self._deps.hasher.finish(scheme, pending)
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._d.executor, self._d.hasher.finish, scheme, pending)
-        except UnicodeEncodeError:
-            # sha256_cbor cannot encode a cache_salt holding a lone surrogate (JSON "\ud800"): no block keys
-            # exist for it (vLLM cannot hash it either), so the request is routed by load.
-            log.debug("request with a cache_salt sha256_cbor cannot encode: routing by load")
+            return await loop.run_in_executor(self._deps.executor, self._deps.hasher.finish, scheme, pending)
+        except Unhashable as exc:  # no block keys exist for this request (nor in vLLM): routed by load
+            log.debug("request without block keys, routing by load: %s", exc)
             return []
 
     async def _lookup(self, hashes: Sequence[BlockHash], endpoints: Sequence[EndpointId]) -> dict[EndpointId, int]:
@@ -230,71 +230,62 @@ class Router:
         burst marks), the others from the approximate index. A slow or failed index counts as no match."""
         if not hashes:
             return {}
-        precise = [e for e in endpoints if self._d.is_precise(e)]
+        precise = [e for e in endpoints if self._deps.is_precise(e)]
+        deadline_s = self._settings.lookup_deadline_s
+        # The approximate index answers from memory (a Redis mirror, if any, has its own shorter timeout inside),
+        # so it gets twice the deadline: a busy event loop must not throw our own guesses away with the mirror.
         exact, approx = await asyncio.gather(
-            self._match("precise", self._d.precise, hashes, precise),
-            self._match("approx", self._d.approx, hashes, endpoints),
+            self._match("precise", self._deps.precise, hashes, precise, deadline_s),
+            self._match("approx", self._deps.approx, hashes, endpoints, 2 * deadline_s),
         )
         return {e: max(exact.get(e, 0), approx.get(e, 0)) for e in endpoints}
 
     async def _match(
-        self, name: str, index: PrefixIndex, hashes: Sequence[BlockHash], endpoints: Collection[EndpointId]
+        self,
+        name: str,
+        index: PrefixIndex,
+        hashes: Sequence[BlockHash],
+        endpoints: Collection[EndpointId],
+        deadline_s: float,
     ) -> Mapping[EndpointId, int]:
+        """``index``'s leading matches within ``deadline_s``; a miss is counted (label ``name``) as no match."""
         if not endpoints:
             return {}
-        # The approximate index answers from memory (a Redis mirror, if any, has its own shorter timeout inside),
-        # so it gets twice the deadline: a busy event loop must not throw our own guesses away with the mirror.
-        deadline = self._s.lookup_deadline_s * (2 if name == "approx" else 1)
         try:
-            return await asyncio.wait_for(index.match(hashes, endpoints), deadline)
+            return await asyncio.wait_for(index.match(hashes, endpoints), deadline_s)
         except (TimeoutError, IndexUnavailable) as exc:
-            self._d.metrics.index_failures.labels(name).inc()
+            self._deps.metrics.index_failures.labels(name).inc()
             log.debug("index %s lookup failed: %s", name, exc)
             return {}
 
     async def _shared_queued(self, endpoints: Sequence[EndpointId]) -> Mapping[EndpointId, float]:
         """Every replica's in-flight prefill per endpoint (shared load), or {} when unshared or unavailable."""
-        if self._d.shared_load is None:
+        if self._deps.shared_load is None:
             return {}
         try:
-            return await asyncio.wait_for(self._d.shared_load.queued(endpoints), self._s.lookup_deadline_s)
+            return await asyncio.wait_for(self._deps.shared_load.queued(endpoints), self._settings.lookup_deadline_s)
         except (TimeoutError, SharedLoadUnavailable) as exc:
-            self._d.metrics.index_failures.labels("shared_load").inc()
+            self._deps.metrics.index_failures.labels("shared_load").inc()
             log.debug("shared load read failed: %s", exc)
             return {}
 
-    def _candidate(self, state: EndpointState, cached_blocks: int, shared_queued: float = 0.0) -> Candidate:
-        eid = state.endpoint.id
-        now = self._clock()
-        known = state.load_known(now, self._s.stale_after_s)
-        m = state.metrics if known else None
-        waiting = m.waiting if m else 0
-        inflight = self._d.inflight
-        queued = max(inflight.queued_tokens(eid), shared_queued, waiting * inflight.mean_uncached_tokens)
-        load = LoadSnapshot(
-            running=m.running if m else 0,
-            waiting=waiting,
-            kv_usage=m.kv_usage if m else 0.0,
-            known=known,
-            scraped_at_s=state.scraped_at_s,
-            inflight_requests=inflight.routed_since_scrape(eid),
-            queued_prefill_tokens=queued,
-        )
-        return Candidate(state.endpoint, load, cached_blocks, precise=self._d.is_precise(eid))
+    def _candidate(self, record: EndpointRecord, cached_blocks: int, shared_queued: float = 0.0) -> Candidate:
+        load = snapshot(record, self._deps.inflight, shared_queued, self._clock(), self._settings.stale_after_s)
+        return Candidate(record.endpoint, load, cached_blocks, precise=self._deps.is_precise(record.endpoint.id))
 
     def _record(self, routing: RoutingRequest, decision: Decision) -> None:
         """What we just routed becomes load and (approximate) cache state on the pick, before the next request."""
         pick = decision.endpoints[0]
         uncached = max(routing.prompt_tokens - decision.cached_tokens, 0)
-        self._d.inflight.add(pick, uncached)
-        if self._d.shared_load is not None:
-            self._spawn(self._d.shared_load.add(pick, uncached))
+        self._deps.inflight.add(pick, uncached)
+        if self._deps.shared_load is not None:
+            self._spawn(self._deps.shared_load.add(pick, uncached))
         if routing.block_hashes:
             # Where events will report the blocks (a cold event-fed endpoint included), our record only bridges
             # the moment until they do: a short burst mark, never a 600 s guess that its BlockRemoved cannot undo.
-            live = self._d.has_live_events or self._d.is_precise
-            ttl = self._s.burst_mark_ttl_s if live(pick) else self._s.approx_ttl_s
-            self._spawn(self._d.approx.store(pick, routing.block_hashes, ttl_s=ttl, chain=_FROM_ROOT))
+            live = self._deps.has_live_events or self._deps.is_precise
+            ttl = self._settings.burst_mark_ttl_s if live(pick) else self._settings.approx_ttl_s
+            self._spawn(self._deps.approx.store(pick, routing.block_hashes, ttl_s=ttl, chain=_FROM_ROOT))
 
     def _remember(self, request_id: str, pick: EndpointId, hashes: Sequence[BlockHash]) -> None:
         self._picked[request_id] = (pick, hashes)
@@ -313,12 +304,12 @@ class Router:
             return
         pick, hashes = entry
         if endpoint == pick:
-            self._d.metrics.served.labels("picked").inc()
+            self._deps.metrics.served.labels("picked").inc()
             return
-        self._d.metrics.served.labels("fallback").inc()
+        self._deps.metrics.served.labels("fallback").inc()
         log.info(json.dumps({"request_id": request_id, "picked": pick, "served": endpoint}))
-        if hashes and endpoint in self._d.registry.snapshot():
-            self._spawn(self._d.approx.store(endpoint, hashes, ttl_s=self._s.approx_ttl_s, chain=_FROM_ROOT))
+        if hashes and endpoint in self._deps.registry.snapshot():
+            self._spawn(self._deps.approx.store(endpoint, hashes, ttl_s=self._settings.approx_ttl_s, chain=_FROM_ROOT))
 
     def _spawn(self, coro: object) -> None:
         async def run() -> None:
@@ -332,16 +323,15 @@ class Router:
         task.add_done_callback(self._background.discard)
 
     def _observe(self, request: HttpRequest, routing: RoutingRequest, decision: Decision, timer: PhaseTimer) -> None:
-        m = self._d.metrics
+        m = self._deps.metrics
         m.decisions.labels(decision.reason.value).inc()
         m.cached_tokens.inc(decision.cached_tokens)
         m.prompt_tokens.inc(routing.prompt_tokens)
         for phase, seconds in timer.phases().items():
             m.phase_seconds.labels(phase).observe(seconds)
         if log.isEnabledFor(logging.INFO):
-            extra = (
-                {"body_head": request.body[:_LOGGED_BODY_BYTES].decode(errors="replace")} if self._s.log_prompts else {}
-            )
+            head = request.body[:_LOGGED_BODY_BYTES]
+            extra = {"body_head": head.decode(errors="replace")} if self._settings.log_prompts else {}
             log.info(
                 json.dumps(
                     {
@@ -354,6 +344,7 @@ class Router:
                         "reason": decision.reason.value,
                         "prompt_tokens": routing.prompt_tokens,
                         "cached_tokens": decision.cached_tokens,
+                        "estimates_s": {e: round(v, 4) for e, v in decision.estimates_s.items()},
                         "scores": {e: round(v, 4) for e, v in decision.scores.items()},
                         "ms": {k: round(v * 1000, 3) for k, v in timer.phases().items()},
                     }

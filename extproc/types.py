@@ -124,7 +124,10 @@ class Decision:
     endpoints: tuple[EndpointId, ...]
     reason: Reason
     cached_tokens: int  # predicted cached prompt tokens on the pick
-    scores: Mapping[EndpointId, float] = field(default_factory=dict)  # lower is better for the TTFT profile
+    # {endpoint: estimated seconds to first token}, lower is better (the TTFT profile; empty otherwise)
+    estimates_s: Mapping[EndpointId, float] = field(default_factory=dict)
+    # {endpoint: weighted scorer total}, higher is better (the weighted profile; empty otherwise)
+    scores: Mapping[EndpointId, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,15 +2,12 @@
 
 The only module that knows vLLM's event encoding. The block pool produces neutral records
 (:class:`StoredRun`, :class:`Removed`, :class:`Cleared`); :class:`EventEncoder` turns a step's records into
-one
-``KVEventBatch`` payload, byte-compatible with vLLM:
+one ``KVEventBatch`` payload, byte-compatible with vLLM:
 
 * vLLM ≥ 0.24 (default here, classes as in 0.33.0 ``vllm/distributed/kv_events.py``): each event is a
-  msgpack map
-  tagged under ``"type"``; ``BlockStored`` has 15 fields + tag, so msgspec writes a map16 header.
+  msgpack map tagged under ``"type"``; ``BlockStored`` has 15 fields + tag, so msgspec writes a map16 header.
 * vLLM ≤ 0.23 (``legacy=True``): each event is a positional array ``[tag, field, ...]`` with 11
-  ``BlockStored``
-  fields and 3 ``BlockRemoved`` fields.
+  ``BlockStored`` fields and 3 ``BlockRemoved`` fields.
 
 The batch is always ``[ts, events, data_parallel_rank]``. The structs mirror vLLM's field order and defaults
 exactly, because msgspec's output (key order, omitted defaults, header widths) follows from them.

@@ -193,7 +193,7 @@ def scheduling_for(time_scale: float) -> dict[str, float]:
     would with its defaults on the unscaled fleet: the prefill rate is the profile's (H100/Llama-3-8B roofline,
     30.8K tokens/s) divided by the scale; the per-request overhead, the stickiness tolerance and the tie
     epsilon (seconds of TTFT) are multiplied by it. Everything else stays at the picker's defaults."""
-    from extproc.config import SchedulingConfig
+    from extproc.config import TtftProfileConfig as SchedulingConfig  # TODO(merge): the knobs moved to the profile
 
     d = SchedulingConfig()
     return {

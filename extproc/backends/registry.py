@@ -15,8 +15,9 @@ from extproc.types import Endpoint, EndpointId
 
 
 @dataclass(frozen=True, slots=True)
-class EndpointState:
-    """One endpoint as last observed. ``metrics`` is None until a scrape succeeds."""
+class EndpointRecord:
+    """One endpoint as the registry last observed it (scrapes, discovery). ``metrics`` is None until a scrape
+    succeeds. (Not ``kvcache.ingest.EndpointState``, which is an endpoint's KV-event stream state.)"""
 
     endpoint: Endpoint
     metrics: EngineMetrics | None = None
@@ -29,24 +30,24 @@ class EndpointState:
 
 
 class EndpointRegistry:
-    """Holds ``{EndpointId: EndpointState}``; updates replace the whole mapping."""
+    """Holds ``{EndpointId: EndpointRecord}``; updates replace the whole mapping."""
 
     def __init__(self, endpoints: Iterable[Endpoint], clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._states: Mapping[EndpointId, EndpointState] = MappingProxyType(
-            {e.id: EndpointState(e) for e in endpoints}
+        self._states: Mapping[EndpointId, EndpointRecord] = MappingProxyType(
+            {e.id: EndpointRecord(e) for e in endpoints}
         )
 
-    def snapshot(self) -> Mapping[EndpointId, EndpointState]:
+    def snapshot(self) -> Mapping[EndpointId, EndpointRecord]:
         return self._states
 
     def sync(self, endpoints: Iterable[Endpoint]) -> None:
         """Make the endpoint set exactly ``endpoints`` (discovery): known ones keep their state, new ones start
         unscraped, absent ones are dropped. Updates for a dropped endpoint are ignored from then on."""
         old = self._states
-        self._states = MappingProxyType({e.id: old.get(e.id) or EndpointState(e) for e in endpoints})
+        self._states = MappingProxyType({e.id: old.get(e.id) or EndpointRecord(e) for e in endpoints})
 
-    def _swap(self, eid: EndpointId, state: EndpointState) -> None:
+    def _swap(self, eid: EndpointId, state: EndpointRecord) -> None:
         states = dict(self._states)
         states[eid] = state
         self._states = MappingProxyType(states)
@@ -61,7 +62,7 @@ class EndpointRegistry:
             healthy=True,
             num_gpu_blocks=metrics.num_gpu_blocks or old.endpoint.num_gpu_blocks,
         )
-        self._swap(eid, EndpointState(endpoint, metrics, self._clock(), 0, 0))
+        self._swap(eid, EndpointRecord(endpoint, metrics, self._clock(), 0, 0))
 
     def failed(self, eid: EndpointId, *, unreachable: bool, unhealthy_after: int = 2) -> None:
         """A scrape failed. Garbage or slow metrics make the load unknown; only refusals make it unhealthy."""

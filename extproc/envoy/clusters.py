@@ -30,6 +30,7 @@ from envoy_data_plane.envoy.extensions.upstreams.http.v3 import (
 )
 from envoy_data_plane.envoy.type.metadata.v3 import MetadataKey, MetadataKeyPathSegment
 
+from extproc import wire
 from extproc.envoy import keys
 from extproc.envoy.options import ClusterMode, EnvoyOptions, OriginalDstSource, split_host_port
 from extproc.envoy.typed import address, extension, is_ip, pack, seconds
@@ -78,7 +79,7 @@ def _picker_health_check() -> HealthCheck:
         interval=seconds(PICKER_HEALTH_INTERVAL_S),
         unhealthy_threshold=2,
         healthy_threshold=1,
-        grpc_health_check=HealthCheckGrpcHealthCheck(service_name=keys.PICKER_HEALTH_SERVICE),
+        grpc_health_check=HealthCheckGrpcHealthCheck(service_name=wire.HEALTH_READINESS),
     )
 
 
@@ -100,12 +101,12 @@ def override_host() -> OverrideHost:
     """Honour the pick (header first, then ``envoy.lb`` metadata); round-robin when there is none.
 
     A comma-separated pick is a fallback list that retries walk in order; a pick outside the cluster is
-    ignored. The host actually used is written back to ``envoy.lb`` / ``SERVED_KEY`` for the picker.
+    ignored. The host actually used is written back to ``envoy.lb`` / ``wire.SERVED_METADATA_KEY`` for the picker.
     """
     return OverrideHost(
         override_host_sources=[
-            OverrideHostOverrideHostSource(header=keys.DEST_HEADER),
-            OverrideHostOverrideHostSource(metadata=_lb_key(keys.DEST_HEADER)),
+            OverrideHostOverrideHostSource(header=wire.DESTINATION_HEADER),
+            OverrideHostOverrideHostSource(metadata=_lb_key(wire.DESTINATION_METADATA_KEY)),
         ],
         fallback_policy=LoadBalancingPolicy(
             policies=[
@@ -116,16 +117,16 @@ def override_host() -> OverrideHost:
                 )
             ]
         ),
-        selected_host_key=_lb_key(keys.SERVED_KEY),
+        selected_host_key=_lb_key(wire.SERVED_METADATA_KEY),
     )
 
 
 def _original_dst_cluster(opts: EnvoyOptions) -> Cluster:
     """Any ``ip:port`` the picker names; one host only (no fallback list; fail-open turns into 503 UH)."""
     if opts.original_dst_source is OriginalDstSource.METADATA:
-        lb = ClusterOriginalDstLbConfig(metadata_key=_lb_key(keys.DEST_HEADER))
+        lb = ClusterOriginalDstLbConfig(metadata_key=_lb_key(wire.DESTINATION_METADATA_KEY))
     else:
-        lb = ClusterOriginalDstLbConfig(use_http_header=True, http_header_name=keys.DEST_HEADER)
+        lb = ClusterOriginalDstLbConfig(use_http_header=True, http_header_name=wire.DESTINATION_HEADER)
     return Cluster(
         name=keys.MODEL_CLUSTER,
         type=ClusterDiscoveryType.ORIGINAL_DST,
@@ -137,7 +138,7 @@ def _original_dst_cluster(opts: EnvoyOptions) -> Cluster:
 
 
 def _lb_key(key: str) -> MetadataKey:
-    return MetadataKey(key=keys.LB_NAMESPACE, path=[MetadataKeyPathSegment(key=key)])
+    return MetadataKey(key=wire.LB_NAMESPACE, path=[MetadataKeyPathSegment(key=key)])
 
 
 def _policy(name: str, config: OverrideHost) -> LoadBalancingPolicy:

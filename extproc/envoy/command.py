@@ -46,7 +46,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> int:
     """Print the YAML, or write it to ``-o``. Bad input raises ``ValueError`` (exit 2); nothing is written."""
-    from extproc.envoy_config import render_bootstrap, to_yaml
+    from extproc.envoy.bootstrap import render_bootstrap, to_yaml
 
     text = HEADER + to_yaml(render_bootstrap(options_from_args(args)))
     if args.output is None:

@@ -29,6 +29,7 @@ from envoy_data_plane.envoy.extensions.filters.http.set_metadata.v3 import Metad
 from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import HttpFilter
 from envoy_data_plane.google.protobuf import Struct
 
+from extproc import wire
 from extproc.envoy import keys
 from extproc.envoy.options import BodyMode, EnvoyOptions
 from extproc.envoy.typed import pack, seconds
@@ -62,14 +63,14 @@ def http_filters(opts: EnvoyOptions) -> list[HttpFilter]:
 
 def _strip_destination() -> HeaderMutation:
     """Remove any client-sent destination header before ext_proc runs: only the picker may set it."""
-    edit = HeaderEdit(remove=keys.DEST_HEADER)
+    edit = HeaderEdit(remove=wire.DESTINATION_HEADER)
     return HeaderMutation(mutations=Mutations(request_mutations=[edit]))
 
 
 def _subset_hint(subset: tuple[str, ...]) -> SetMetadata:
     """A fixed GIE subset hint, as a gateway would set it: ``envoy.lb.subset_hint`` → key → [ip:port]."""
-    value = Struct.from_dict({keys.SUBSET_KEY: list(subset)})
-    return SetMetadata(metadata=[Metadata(metadata_namespace=keys.SUBSET_NAMESPACE, value=value)])
+    value = Struct.from_dict({wire.SUBSET_HINT_KEY: list(subset)})
+    return SetMetadata(metadata=[Metadata(metadata_namespace=wire.SUBSET_HINT_NAMESPACE, value=value)])
 
 
 def ext_processor(opts: EnvoyOptions) -> ExternalProcessor:
@@ -85,7 +86,7 @@ def ext_processor(opts: EnvoyOptions) -> ExternalProcessor:
         allow_mode_override=True,  # the picker may answer request_headers with body mode NONE (GETs)
         metadata_options=MetadataOptions(
             # Without receiving_namespaces Envoy silently drops the picker's envoy.lb metadata.
-            receiving_namespaces=Namespaces(untyped=[keys.LB_NAMESPACE]),
+            receiving_namespaces=Namespaces(untyped=[wire.LB_NAMESPACE]),
             forwarding_namespaces=Namespaces(untyped=_forwarded(opts)),
         ),
     )
@@ -95,8 +96,8 @@ def _forwarded(opts: EnvoyOptions) -> list[str]:
     """Metadata namespaces sent to the picker: the subset hint, plus ``envoy.lb`` when the picker is to
     see the served endpoint on the response path (override_host writes it there)."""
     if opts.send_response_headers:
-        return [keys.SUBSET_NAMESPACE, keys.LB_NAMESPACE]
-    return [keys.SUBSET_NAMESPACE]
+        return [wire.SUBSET_HINT_NAMESPACE, wire.LB_NAMESPACE]
+    return [wire.SUBSET_HINT_NAMESPACE]
 
 
 def processing_mode(opts: EnvoyOptions) -> ProcessingMode:

@@ -53,6 +53,11 @@ ExtraKeys = tuple[tuple[str, ...], ...] | None
 """A block's extra keys as vLLM hashes them: ``(("lora", name, path), ("cache_salt", salt))`` or ``None``."""
 
 
+class Unhashable(ValueError):
+    """No block keys exist for this request under the scheme: ``sha256_cbor`` cannot encode its extra keys (a
+    ``cache_salt`` holding a lone surrogate, JSON ``"\\ud800"``), and vLLM cannot hash it either."""
+
+
 def to_event_int(digest: bytes) -> int:
     """The block hash as vLLM's KV events carry it: the digest's low 64 bits (last 8 bytes, big-endian)."""
     return int.from_bytes(digest[-8:], "big")
@@ -186,6 +191,7 @@ class BlockHasher:
 
         ``first_block``: ``token_ids`` start at the prompt's block 0 (which carries the salt); else they
         continue a prompt whose earlier blocks ended in ``parent`` (the prefix cache resumes this way).
+        Raises ``Unhashable`` when the scheme cannot encode the extra keys (as vLLM cannot).
         """
         size = self.scheme.block_size
         count = len(token_ids) // size
@@ -218,8 +224,11 @@ class BlockHasher:
         # Each token's CBOR is looked up once (memoized per hasher), then every block is one join and one
         # SHA-256: about 2x faster than cbor2.dumps per block.
         encoded = self._encode_tokens(tokens)
-        extra_first = cbor2.dumps(first, canonical=True)
-        extra_rest = cbor2.dumps(rest, canonical=True)
+        try:
+            extra_first = cbor2.dumps(first, canonical=True)
+            extra_rest = cbor2.dumps(rest, canonical=True)
+        except UnicodeEncodeError as exc:
+            raise Unhashable(f"sha256_cbor cannot encode the extra keys: {exc}") from exc
         sha, join = hashlib.sha256, b"".join
         prefix = b"\x83" + _cbor_head(2, len(self._none_hash))  # parents are always 32-byte digests
         array_head = _cbor_head(4, size)

@@ -1,4 +1,4 @@
-"""Which model names the fleet serves: base models (tokenizer + hash scheme) and the LoRA adapters on them.
+"""Which model names the fleet serves: base models (tokenizer, template settings) and the LoRA adapters on them.
 
 Built once from the config by the composition root; immutable afterwards (a config reload builds a new one).
 """
@@ -12,7 +12,7 @@ from types import MappingProxyType
 from typing import Any
 
 from extproc.errors import UnknownModel
-from extproc.types import HashScheme, LoraAdapter
+from extproc.types import LoraAdapter
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +25,6 @@ class BaseModel:
     """
 
     name: str
-    scheme: HashScheme = field(default_factory=HashScheme)
     tokenizer_dir: Path | None = None
     content_format: str = "auto"
     default_chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)

@@ -52,8 +52,13 @@ _PATHS = {"/v1/chat/completions": RequestKind.CHAT, "/v1/completions": RequestKi
 
 
 def kind_for_path(path: str) -> RequestKind | None:
-    """The request kind served at ``path`` (query string ignored), or None for paths we do not parse."""
-    return _PATHS.get(path.split("?", 1)[0].rstrip("/") or "/")
+    """The request kind served at ``path`` (query string ignored), or None for paths we do not parse.
+
+    The one classification of paths: the router passes every other path through. Exact, as vLLM's routes
+    are: vLLM (FastAPI's ``redirect_slashes``) answers ``/v1/completions/`` with a 307 to ``/v1/completions``
+    and serves nothing there, so a trailing slash is not ours to parse (the redirected request is).
+    """
+    return _PATHS.get(path.split("?", 1)[0])
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from extproc.prompt.encoders import ShadowCheck, TokenIds
 from extproc.prompt.models import Adapter, BaseModel, ModelRegistry
 from extproc.prompt.openai import ParsedRequest, RequestKind, kind_for_path, parse_request
 from extproc.prompt.tokenizers import EncoderSettings, PromptTokenizer, TokenizeFailed, TokenizerRegistry
-from extproc.types import HashScheme, HttpRequest, LoraAdapter, PreparedPrompt
+from extproc.types import HttpRequest, LoraAdapter, PreparedPrompt
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,10 @@ class RequestPreparer:
                 await self._tokenizer.render_and_tokenize(parsed, model)
         return failed
 
+    def parses(self, path: str) -> bool:
+        """Whether ``path`` is an OpenAI completions path (``kind_for_path``); the router passes the rest through."""
+        return kind_for_path(path) is not None
+
     async def prepare(self, request: HttpRequest, tokenize_within_s: float | None = None) -> PreparedPrompt:
         """Parse, resolve the model, render and tokenize ``request`` (a POST to an OpenAI path).
 
@@ -112,14 +116,12 @@ class RequestPreparer:
 def registry_from_config(config: RouterConfig, base_dir: Path) -> ModelRegistry:
     """The model registry the config describes; relative tokenizer folders are resolved against ``base_dir``.
 
-    A model without ``block_size``/``hash_algo`` gets the vLLM defaults here (16, sha256); the router's own
-    scheme resolver decides what is actually hashed.
+    (Hash schemes are not the parser's business: ``resolvers.SchemeResolver`` decides what is hashed.)
     """
     models, adapters = [], []
     for m in config.models:
         folder = base_dir / m.tokenizer_dir if m.tokenizer_dir else None
-        scheme = HashScheme(block_size=m.block_size or 16, algo=m.hash_algo or "sha256", seed=m.hash_seed)
-        models.append(BaseModel(m.name, scheme=scheme, tokenizer_dir=folder))
+        models.append(BaseModel(m.name, tokenizer_dir=folder))
         adapters += [Adapter(LoraAdapter(lo.name, lo.path), m.name) for lo in m.loras]
     return ModelRegistry(models, adapters)
 

@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from google.protobuf import struct_pb2
 
 from extproc.errors import BodyTooLarge, RouterError
-from extproc.protocol import constants as c
-from extproc.protocol import inbound, outbound
+from extproc.protocol import constants, inbound, outbound
 from extproc.protocol.handler import RouteHandler, ServedListener
 from extproc.protocol.pb import external_processor_pb2, processing_mode_pb2
 from extproc.types import EndpointId, Route
@@ -39,7 +38,7 @@ Replies = list[pb.ProcessingResponse]
 class ProcessorOptions:
     """How the servicer treats every stream."""
 
-    max_body_bytes: int = c.DEFAULT_MAX_BODY_BYTES  # larger bodies get 413 (Envoy has no cap in FULL_DUPLEX)
+    max_body_bytes: int = constants.DEFAULT_MAX_BODY_BYTES  # larger bodies get 413 (Envoy has no cap in FULL_DUPLEX)
     route_timeout_s: float | None = None  # fail open (pass through) when the handler takes longer
     close_after_pick: bool = True  # end the stream once answered; False keeps it for the response path
 

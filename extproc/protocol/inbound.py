@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 
 from google.protobuf import struct_pb2
 
-from extproc.protocol import constants as c
+from extproc import wire
 from extproc.protocol.pb import core_pb2
 from extproc.types import EndpointId, HttpRequest
 
@@ -55,7 +55,7 @@ def subset_hint(metadata: core_pb2.Metadata) -> tuple[EndpointId, ...] | None:
     Accepts a list of ``ip:port`` strings or one comma-separated string; blanks are dropped, order kept.
     An empty tuple means "a hint was sent and nothing is eligible".
     """
-    raw = metadata_value(metadata, c.SUBSET_HINT_NAMESPACE, c.SUBSET_HINT_KEY)
+    raw = metadata_value(metadata, wire.SUBSET_HINT_NAMESPACE, wire.SUBSET_HINT_KEY)
     if raw is None:
         return None
     items = raw if isinstance(raw, list) else [raw]
@@ -65,13 +65,13 @@ def subset_hint(metadata: core_pb2.Metadata) -> tuple[EndpointId, ...] | None:
 
 def served_endpoint(metadata: core_pb2.Metadata) -> EndpointId | None:
     """``envoy.lb`` / ``x-gateway-destination-endpoint-served`` from a response-path message, if present."""
-    raw = metadata_value(metadata, c.LB_NAMESPACE, c.SERVED_METADATA_KEY)
+    raw = metadata_value(metadata, wire.LB_NAMESPACE, wire.SERVED_METADATA_KEY)
     return EndpointId(raw) if isinstance(raw, str) and raw else None
 
 
 def request_id_of(headers: Mapping[str, str]) -> str:
     """The request's ``x-request-id`` (Envoy sets one), or a fresh random id."""
-    return headers.get(c.REQUEST_ID_HEADER) or uuid.uuid4().hex
+    return headers.get(wire.REQUEST_ID_HEADER) or uuid.uuid4().hex
 
 
 def build_request(

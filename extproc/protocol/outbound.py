@@ -12,8 +12,9 @@ from collections.abc import Iterator, Mapping
 
 from google.protobuf import struct_pb2
 
+from extproc import wire
 from extproc.errors import RouterError
-from extproc.protocol import constants as c
+from extproc.protocol import constants
 from extproc.protocol.pb import core_pb2, external_processor_pb2, http_status_pb2
 from extproc.types import Route
 
@@ -35,11 +36,11 @@ def route_mutation(route: Route) -> tuple[pb.CommonResponse, struct_pb2.Struct]:
     ``{"envoy.lb": {"x-gateway-destination-endpoint": "ip:port,ip:port"}}``.
     """
     value = ",".join(route.endpoints)
-    headers = [set_header(c.DESTINATION_HEADER, value)]
+    headers = [set_header(wire.DESTINATION_HEADER, value)]
     headers += [set_header(k.lower(), v) for k, v in route.headers.items()]
     common = pb.CommonResponse(header_mutation=pb.HeaderMutation(set_headers=headers))
     metadata = struct_pb2.Struct()
-    metadata.update({c.LB_NAMESPACE: {c.DESTINATION_METADATA_KEY: value}})
+    metadata.update({wire.LB_NAMESPACE: {wire.DESTINATION_METADATA_KEY: value}})
     return common, metadata
 
 
@@ -61,7 +62,7 @@ def error_response(err: RouterError) -> pb.ProcessingResponse:
     """An ImmediateResponse answering the client with ``err`` (Envoy logs ``details`` as response details)."""
     immediate = pb.ImmediateResponse(
         status=http_status_pb2.HttpStatus(code=err.status),  # type: ignore[arg-type]  # open enum: any int
-        headers=pb.HeaderMutation(set_headers=[set_header("content-type", c.JSON_CONTENT_TYPE)]),
+        headers=pb.HeaderMutation(set_headers=[set_header("content-type", constants.JSON_CONTENT_TYPE)]),
         body=error_body(err),
         details="extproc_" + re.sub(r"[^A-Za-z0-9_.-]", "_", err.code),
     )
@@ -84,7 +85,7 @@ def streamed_chunks(body: bytes, *, end_of_stream: bool) -> Iterator[pb.Processi
 
     An empty body is one empty chunk. ``end_of_stream`` marks the last chunk; pass False when trailers follow.
     """
-    size = c.STREAMED_CHUNK_BYTES
+    size = constants.STREAMED_CHUNK_BYTES
     starts = range(0, len(body), size) if body else range(1)
     for start in starts:
         last = start + size >= len(body)

@@ -17,7 +17,8 @@ from collections.abc import AsyncIterator
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from extproc.protocol import constants as c
+from extproc import wire
+from extproc.protocol import constants
 from extproc.protocol.exchange import Exchange, ProcessorOptions
 from extproc.protocol.handler import RouteHandler
 from extproc.protocol.pb import external_processor_pb2, external_processor_pb2_grpc
@@ -56,7 +57,7 @@ class RunningServer:
 
     async def set_ready(self, ready: bool) -> None:
         """Flip the ``readiness`` health status (gateways stop sending traffic while NOT_SERVING)."""
-        await self._health.set(c.HEALTH_READINESS, _SERVING if ready else _NOT_SERVING)
+        await self._health.set(wire.HEALTH_READINESS, _SERVING if ready else _NOT_SERVING)
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Report NOT_SERVING everywhere, then stop; open streams get ``grace_s`` to finish."""
@@ -66,14 +67,14 @@ class RunningServer:
 
 def _max_receive(options: ProcessorOptions, max_receive_bytes: int | None) -> int:
     # A BUFFERED body arrives as one gRPC message; leave room for headers and framing.
-    return max_receive_bytes or max(c.DEFAULT_MAX_RECEIVE_BYTES, options.max_body_bytes + (1 << 20))
+    return max_receive_bytes or max(constants.DEFAULT_MAX_RECEIVE_BYTES, options.max_body_bytes + (1 << 20))
 
 
 async def _health_servicer(ready: bool) -> health.aio.HealthServicer:
     servicer = health.aio.HealthServicer()
-    for name in ("", c.HEALTH_LIVENESS, c.SERVICE_NAME):
+    for name in ("", wire.HEALTH_LIVENESS, constants.SERVICE_NAME):
         await servicer.set(name, _SERVING)
-    await servicer.set(c.HEALTH_READINESS, _SERVING if ready else _NOT_SERVING)
+    await servicer.set(wire.HEALTH_READINESS, _SERVING if ready else _NOT_SERVING)
     return servicer
 
 

@@ -15,12 +15,14 @@ from extproc.types import Candidate
 
 @dataclass(frozen=True, slots=True)
 class EstimatorParams:
-    prefill_tokens_per_s: float = 12000.0
-    decode_slowdown_per_running: float = 0.004
-    request_overhead_s: float = 0.01
-    kv_pressure_threshold: float = 1.0  # off: see SchedulingConfig.kv_pressure_threshold
-    kv_penalty_s: float = 1.0
-    unknown_load_penalty_s: float = 1.0
+    """The estimate's constants; no defaults here: ``config.TtftProfileConfig`` holds them (and says what each is)."""
+
+    prefill_tokens_per_s: float
+    decode_slowdown_per_running: float
+    request_overhead_s: float
+    kv_pressure_threshold: float
+    kv_penalty_s: float
+    unknown_load_penalty_s: float
 
 
 def cached_tokens(candidate: Candidate, prompt_tokens: int, block_size: int) -> int:

@@ -6,6 +6,9 @@ with a TTFT target, while the warm estimate meets the target), because keeping a
 prefill work for the requests that follow. A match below ``min_prefix_share`` of the prompt (a shared system
 prompt, say) does not make an endpoint warm: such a request is routed by load. ``WeightedProfile`` is the
 classic weighted-scorer blend.
+
+The profiles have no defaults of their own: ``scheduling.build.build_profile`` fills them from the validated
+config, the one home of every default.
 """
 
 from __future__ import annotations
@@ -31,18 +34,17 @@ class Profile(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class TtftProfile:
-    params: EstimatorParams = EstimatorParams()
-    stickiness_s: float = 0.05
-    min_prefix_share: float = 0.2
-    tie_epsilon_s: float = 0.002
-    fallbacks: int = 2
-    shed_ttft_s: float = 30.0
+    params: EstimatorParams
+    stickiness_s: float
+    min_prefix_share: float
+    tie_epsilon_s: float
+    fallbacks: int
+    shed_ttft_s: float
 
     def decide(
         self, request: RoutingRequest, candidates: Sequence[Candidate], rng: random.Random
     ) -> Decision:
-        if not candidates:
-            raise NoEndpoint("no eligible endpoint serves this model")
+        _require(candidates)
         est = {
             c.endpoint.id: estimate_ttft_s(c, request.prompt_tokens, request.block_size, self.params)
             for c in candidates
@@ -51,13 +53,7 @@ class TtftProfile:
         if request.tenant.priority < 0 and best > self.shed_ttft_s:
             raise Overloaded(f"all endpoints busy (estimated TTFT {best:.1f}s); sheddable request refused")
         pick, reason = self._pick(request, candidates, est, best, rng)
-        chosen = next(c for c in candidates if c.endpoint.id == pick)
-        return Decision(
-            endpoints=(pick, *_fallbacks(est, pick, self.fallbacks)),
-            reason=reason,
-            cached_tokens=cached_tokens(chosen, request.prompt_tokens, request.block_size),
-            scores=est,
-        )
+        return _decision(request, candidates, pick, reason, est, self.fallbacks, estimates_s=est)
 
     def _pick(
         self,
@@ -81,31 +77,17 @@ class TtftProfile:
         return pick, Reason.SPILL
 
 
-def _spread(est: Mapping[EndpointId, float], best: float, epsilon: float, rng: random.Random) -> EndpointId:
-    """One of the endpoints whose estimate is within ``epsilon`` of the best, at random (ties spread)."""
-    ties = sorted(e for e, v in est.items() if v <= best + epsilon)
-    return ties[0] if len(ties) == 1 else rng.choice(ties)
-
-
-def _fallbacks(scores: Mapping[EndpointId, float], pick: EndpointId, n: int) -> tuple[EndpointId, ...]:
-    """The next ``n`` endpoints by score (lower first), for Envoy's retries."""
-    rest = sorted((v, e) for e, v in scores.items() if e != pick)
-    return tuple(e for _, e in rest[:n])
-
-
 @dataclass(frozen=True, slots=True)
 class WeightedProfile:
     """Score each candidate with weighted scorers in [0, 1] (higher is better) and take the maximum."""
 
-    weights: Mapping[str, float]
-    params: EstimatorParams = EstimatorParams()
-    fallbacks: int = 2
+    weights: Mapping[str, float]  # scorer name (a key of ``SCORERS``) → weight
+    fallbacks: int
 
     def decide(
         self, request: RoutingRequest, candidates: Sequence[Candidate], rng: random.Random
     ) -> Decision:
-        if not candidates:
-            raise NoEndpoint("no eligible endpoint serves this model")
+        _require(candidates)
         total: dict[EndpointId, float] = {c.endpoint.id: 0.0 for c in candidates}
         for name, weight in self.weights.items():
             scores = SCORERS[name](request, candidates)
@@ -117,9 +99,45 @@ class WeightedProfile:
         reason = Reason.CACHE if chosen.cached_blocks else Reason.LOAD
         if request.prompt_tokens == 0:
             reason = Reason.NO_TOKENS
-        return Decision(
-            endpoints=(pick, *_fallbacks(neg, pick, self.fallbacks)),
-            reason=reason,
-            cached_tokens=cached_tokens(chosen, request.prompt_tokens, request.block_size),
-            scores=total,
-        )
+        return _decision(request, candidates, pick, reason, neg, self.fallbacks, scores=total)
+
+
+def _require(candidates: Sequence[Candidate]) -> None:
+    """Both profiles' prologue. The router checks first; this guards direct callers (the Profile contract)."""
+    if not candidates:
+        raise NoEndpoint("no eligible endpoint serves this model")
+
+
+def _decision(
+    request: RoutingRequest,
+    candidates: Sequence[Candidate],
+    pick: EndpointId,
+    reason: Reason,
+    order: Mapping[EndpointId, float],
+    fallbacks: int,
+    *,
+    estimates_s: Mapping[EndpointId, float] | None = None,
+    scores: Mapping[EndpointId, float] | None = None,
+) -> Decision:
+    """Both profiles' epilogue: the pick, ``fallbacks`` more by ``order`` (lower first), the pick's cached
+    tokens, and the numbers behind the decision under the name of what they mean."""
+    chosen = next(c for c in candidates if c.endpoint.id == pick)
+    return Decision(
+        endpoints=(pick, *_fallbacks(order, pick, fallbacks)),
+        reason=reason,
+        cached_tokens=cached_tokens(chosen, request.prompt_tokens, request.block_size),
+        estimates_s=estimates_s or {},
+        scores=scores or {},
+    )
+
+
+def _spread(est: Mapping[EndpointId, float], best: float, epsilon: float, rng: random.Random) -> EndpointId:
+    """One of the endpoints whose estimate is within ``epsilon`` of the best, at random (ties spread)."""
+    ties = sorted(e for e, v in est.items() if v <= best + epsilon)
+    return ties[0] if len(ties) == 1 else rng.choice(ties)
+
+
+def _fallbacks(order: Mapping[EndpointId, float], pick: EndpointId, n: int) -> tuple[EndpointId, ...]:
+    """The next ``n`` endpoints by ``order`` (lower first), for Envoy's retries."""
+    rest = sorted((v, e) for e, v in order.items() if e != pick)
+    return tuple(e for _, e in rest[:n])

@@ -8,7 +8,7 @@ from tests.unit.test_router import A, B, make_router, post
 
 
 def _served(router: object, outcome: str) -> float:
-    metrics = router._d.metrics  # type: ignore[attr-defined]
+    metrics = router._deps.metrics  # type: ignore[attr-defined]
     return float(metrics.served.labels(outcome)._value.get())
 
 

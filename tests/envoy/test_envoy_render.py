@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
+from extproc import wire
 from extproc.cli import main
 from extproc.envoy_config import RETRY_ON, EnvoyOptions, keys, render_bootstrap, to_yaml
 from tests.support.envoy import validate
@@ -79,7 +80,7 @@ def test_strip_filter_runs_before_ext_proc_and_router_is_last() -> None:
         "envoy.filters.http.router",
     ]
     strip = _filter(render_bootstrap(_opts()), "envoy.filters.http.header_mutation")
-    assert strip["mutations"]["request_mutations"] == [{"remove": keys.DEST_HEADER}]
+    assert strip["mutations"]["request_mutations"] == [{"remove": wire.DESTINATION_HEADER}]
 
 
 def test_ext_proc_defaults() -> None:
@@ -91,8 +92,8 @@ def test_ext_proc_defaults() -> None:
     assert ext["processing_mode"]["request_body_mode"] == "BUFFERED"
     assert ext["processing_mode"]["request_trailer_mode"] == "SKIP"
     assert ext["processing_mode"]["response_header_mode"] == "SKIP"
-    assert ext["metadata_options"]["receiving_namespaces"]["untyped"] == [keys.LB_NAMESPACE]
-    assert ext["metadata_options"]["forwarding_namespaces"]["untyped"] == [keys.SUBSET_NAMESPACE]
+    assert ext["metadata_options"]["receiving_namespaces"]["untyped"] == [wire.LB_NAMESPACE]
+    assert ext["metadata_options"]["forwarding_namespaces"]["untyped"] == [wire.SUBSET_HINT_NAMESPACE]
     assert ext["grpc_service"]["envoy_grpc"]["cluster_name"] == keys.PICKER_CLUSTER
 
 
@@ -100,8 +101,8 @@ def test_served_endpoint_needs_response_headers_and_lb_forwarding() -> None:
     ext = _filter(render_bootstrap(_opts(send_response_headers=True)), "envoy.filters.http.ext_proc")
     assert ext["processing_mode"]["response_header_mode"] == "SEND"
     assert ext["metadata_options"]["forwarding_namespaces"]["untyped"] == [
-        keys.SUBSET_NAMESPACE,
-        keys.LB_NAMESPACE,
+        wire.SUBSET_HINT_NAMESPACE,
+        wire.LB_NAMESPACE,
     ]
 
 
@@ -138,12 +139,12 @@ def test_override_host_cluster() -> None:
     (policy,) = cluster["load_balancing_policy"]["policies"]
     override = policy["typed_extension_config"]["typed_config"]
     assert override["override_host_sources"] == [
-        {"header": keys.DEST_HEADER},
-        {"metadata": {"key": keys.LB_NAMESPACE, "path": [{"key": keys.DEST_HEADER}]}},
+        {"header": wire.DESTINATION_HEADER},
+        {"metadata": {"key": wire.LB_NAMESPACE, "path": [{"key": wire.DESTINATION_HEADER}]}},
     ]
     (fallback,) = override["fallback_policy"]["policies"]
     assert fallback["typed_extension_config"]["name"] == "envoy.load_balancing_policies.round_robin"
-    assert override["selected_host_key"]["path"] == [{"key": keys.SERVED_KEY}]
+    assert override["selected_host_key"]["path"] == [{"key": wire.SERVED_METADATA_KEY}]
 
 
 def test_picker_cluster_is_http2_and_dns_when_named() -> None:
@@ -156,8 +157,8 @@ def test_picker_cluster_is_http2_and_dns_when_named() -> None:
 @pytest.mark.parametrize(
     ("source", "expected"),
     [
-        ("metadata", {"metadata_key": {"key": "envoy.lb", "path": [{"key": keys.DEST_HEADER}]}}),
-        ("header", {"use_http_header": True, "http_header_name": keys.DEST_HEADER}),
+        ("metadata", {"metadata_key": {"key": "envoy.lb", "path": [{"key": wire.DESTINATION_HEADER}]}}),
+        ("header", {"use_http_header": True, "http_header_name": wire.DESTINATION_HEADER}),
     ],
     ids=["metadata", "header"],
 )
@@ -184,28 +185,14 @@ def test_subset_hint_metadata() -> None:
         render_bootstrap(_opts(subset_hint=("127.0.0.1:8002",))), "envoy.filters.http.set_metadata"
     )
     assert meta["metadata"] == [
-        {"metadata_namespace": keys.SUBSET_NAMESPACE, "value": {keys.SUBSET_KEY: ["127.0.0.1:8002"]}}
+        {"metadata_namespace": wire.SUBSET_HINT_NAMESPACE, "value": {wire.SUBSET_HINT_KEY: ["127.0.0.1:8002"]}}
     ]
-
-
-def test_wire_names_match_the_picker() -> None:
-    from extproc import router
-    from extproc.protocol import constants as c
-
-    assert (keys.DEST_HEADER, keys.LB_NAMESPACE, keys.SERVED_KEY) == (
-        c.DESTINATION_HEADER,
-        c.LB_NAMESPACE,
-        c.SERVED_METADATA_KEY,
-    )
-    assert (keys.SUBSET_NAMESPACE, keys.SUBSET_KEY) == (c.SUBSET_HINT_NAMESPACE, c.SUBSET_HINT_KEY)
-    assert (keys.REASON_HEADER, keys.CACHED_TOKENS_HEADER) == (router.HEADER_REASON, router.HEADER_CACHED)
-    assert keys.PICKER_HEALTH_SERVICE == c.HEALTH_READINESS
 
 
 def test_envoy_health_checks_the_pickers_readiness() -> None:
     picker = next(c for c in render_bootstrap(_opts())["static_resources"]["clusters"] if c["name"] == keys.PICKER_CLUSTER)
     (check,) = picker["health_checks"]
-    assert check["grpc_health_check"]["service_name"] == "readiness"
+    assert check["grpc_health_check"]["service_name"] == wire.HEALTH_READINESS == "readiness"
 
 
 def test_yaml_round_trips() -> None:

@@ -24,9 +24,9 @@ from pathlib import Path
 import zmq
 import zmq.asyncio
 
+from extproc import wire
 from extproc.app import App
 from extproc.config import RouterConfig
-from extproc.router import HEADER_CACHED
 from extproc.types import EndpointId, HttpRequest, Route
 from tests.fuzz.inproc import MODEL, mark_scraped, router_config
 from tests.kvcache.vllm_pub import HASHES, FakePublisher, FutureEvent, batch, removed, stored
@@ -71,7 +71,7 @@ class Rig:
         assert isinstance(route, Route)
         await self.app.approx.clear(A)  # judge the precise path only: forget our own guess from this pick
         await self.app.approx.clear(B)
-        return int(route.headers[HEADER_CACHED]) if route.endpoints[0] == A else 0
+        return int(route.headers[wire.CACHED_TOKENS_HEADER]) if route.endpoints[0] == A else 0
 
 
 @contextlib.asynccontextmanager

@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
+from extproc import wire
 from extproc.app import App
-from extproc.router import HEADER_CACHED
 from extproc.types import EndpointId, HttpRequest, Route
 from tests.fuzz.inproc import MODEL, router_config
 
@@ -169,11 +169,11 @@ async def test_a_backend_that_went_down_and_came_back_has_no_phantom_cache(rig: 
     assert isinstance(first, Route) and first.endpoints[0] == faulty.endpoint
     await asyncio.sleep(0.05)  # the approximate write is fire-and-forget
     again = await app.router.route(chat(0))
-    assert isinstance(again, Route) and int(again.headers[HEADER_CACHED]) > 0, "warm before the restart"
+    assert isinstance(again, Route) and int(again.headers[wire.CACHED_TOKENS_HEADER]) > 0, "warm before the restart"
     await faulty.stop()
     await until(lambda: not app.registry.snapshot()[faulty.endpoint].endpoint.healthy)
     await faulty.start()
     await until(lambda: app.registry.snapshot()[faulty.endpoint].endpoint.healthy)
     after = await app.router.route(chat(0))
     assert isinstance(after, Route)
-    assert int(after.headers[HEADER_CACHED]) == 0, ("phantom cache predicted after a restart", after)
+    assert int(after.headers[wire.CACHED_TOKENS_HEADER]) == 0, ("phantom cache predicted after a restart", after)

@@ -27,9 +27,9 @@ import pytest_asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from extproc import wire
 from extproc.app import App
 from extproc.protocol import ProcessorOptions, start_server
-from extproc.protocol import constants as c
 from extproc.protocol.exchange import Exchange
 from extproc.protocol.pb import core_pb2, external_processor_pb2, external_processor_pb2_grpc
 from tests.fuzz.inproc import ENDPOINTS, MODEL, ready_app
@@ -63,7 +63,7 @@ header_keys = st.sampled_from(
         ":authority",
         "content-type",
         "x-request-id",
-        c.DESTINATION_HEADER,
+        wire.DESTINATION_HEADER,
         "x-gateway-destination-endpoint-served",
         "x-gateway-inference-fairness-id",
         "x-router-reason",
@@ -120,8 +120,8 @@ struct_values = st.recursive(
 @st.composite
 def metadata(draw: st.DrawFn) -> core_pb2.Metadata:
     md = core_pb2.Metadata()
-    namespaces = [c.SUBSET_HINT_NAMESPACE, c.LB_NAMESPACE, "other"]
-    keys = [c.SUBSET_HINT_KEY, c.DESTINATION_METADATA_KEY, c.SERVED_METADATA_KEY, "x"]
+    namespaces = [wire.SUBSET_HINT_NAMESPACE, wire.LB_NAMESPACE, "other"]
+    keys = [wire.SUBSET_HINT_KEY, wire.DESTINATION_METADATA_KEY, wire.SERVED_METADATA_KEY, "x"]
     for _ in range(draw(st.integers(0, 3))):
         ns, key = draw(st.sampled_from(namespaces)), draw(st.sampled_from(keys))
         md.filter_metadata[ns].update({key: draw(struct_values)})
@@ -235,11 +235,11 @@ def destinations(reply: pb.ProcessingResponse) -> list[str]:
     common = getattr(getattr(reply, kind), "response", None) if kind != "immediate_response" else None
     if common is not None:
         for h in common.header_mutation.set_headers:
-            if h.header.key == c.DESTINATION_HEADER:
+            if h.header.key == wire.DESTINATION_HEADER:
                 found += h.header.raw_value.decode().split(",")
-    lb = reply.dynamic_metadata.fields.get(c.LB_NAMESPACE)
+    lb = reply.dynamic_metadata.fields.get(wire.LB_NAMESPACE)
     if lb is not None:
-        value = lb.struct_value.fields.get(c.DESTINATION_METADATA_KEY)
+        value = lb.struct_value.fields.get(wire.DESTINATION_METADATA_KEY)
         if value is not None:
             found += value.string_value.split(",")
     return found

@@ -12,7 +12,7 @@ import pytest
 
 from extproc.prompt.models import Adapter, BaseModel, ModelRegistry
 from extproc.prompt.tokenizers import EncoderSettings, LoadedTokenizer, PromptTokenizer, TokenizerRegistry
-from extproc.types import HashScheme, LoraAdapter
+from extproc.types import LoraAdapter
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO.parent / "shared" / "vllm"
@@ -29,7 +29,7 @@ def golden(name: str) -> Any:
 
 @pytest.fixture(scope="session")
 def qwen() -> BaseModel:
-    return BaseModel(MODEL, scheme=HashScheme(block_size=16))
+    return BaseModel(MODEL)
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ from extproc.errors import BadRequest, UnknownModel, UnsupportedMediaType
 from extproc.prompt.models import ModelRegistry
 from extproc.prompt.preparer import INLINE_PARSE_BYTES, RequestPreparer, build_preparer, registry_from_config
 from extproc.prompt.tokenizers import PromptTokenizer
-from extproc.types import HashScheme, HttpRequest, LoraAdapter
+from extproc.types import HttpRequest, LoraAdapter
 
 from .conftest import MODEL, REPO, golden
 
@@ -85,7 +85,6 @@ def test_registry_from_config() -> None:
                      loras=[{"name": "adapter-x", "path": "/models/adapter-x"}])  # fmt: skip
     registry = registry_from_config(config, Path("/base"))
     base, lora = registry.resolve("adapter-x")
-    assert base.scheme == HashScheme(64, "sha256_cbor", "0")
     assert base.tokenizer_dir == Path("/base/tok/q")
     assert lora == LoraAdapter("adapter-x", "/models/adapter-x")
 

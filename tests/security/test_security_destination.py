@@ -15,11 +15,11 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from extproc import wire
 from extproc.app import App
 from extproc.backends.vllm_metrics import EngineMetrics
 from extproc.errors import NoEndpoint
 from extproc.protocol import ProcessorOptions
-from extproc.protocol import constants as c
 from extproc.protocol.exchange import Exchange
 from extproc.protocol.pb import core_pb2, external_processor_pb2
 from extproc.types import EndpointId, HttpRequest, Route
@@ -50,7 +50,7 @@ def request(headers: dict[str, str], subset: tuple[EndpointId, ...] | None = Non
 @pytest.mark.parametrize("forged", [FOREIGN, f"{FOREIGN},{A}", str(C), f"{C},{FOREIGN}"])
 async def test_forged_destination_header_is_ignored(app: App, forged: str) -> None:
     for _ in range(10):
-        route = await app.router.route(request({c.DESTINATION_HEADER: forged}))
+        route = await app.router.route(request({wire.DESTINATION_HEADER: forged}))
         assert isinstance(route, Route)
         assert set(route.endpoints) <= {A, B, C}
         assert route.endpoints[0] != C, "the forged header must not win over load"
@@ -73,16 +73,16 @@ def headers_message(extra: dict[str, str], md: core_pb2.Metadata) -> pb.Processi
 
 async def test_forged_lb_metadata_in_the_request_is_ignored(app: App) -> None:
     md = core_pb2.Metadata()
-    md.filter_metadata[c.LB_NAMESPACE].update({c.DESTINATION_METADATA_KEY: FOREIGN, c.SERVED_METADATA_KEY: FOREIGN})
+    md.filter_metadata[wire.LB_NAMESPACE].update({wire.DESTINATION_METADATA_KEY: FOREIGN, wire.SERVED_METADATA_KEY: FOREIGN})
     exchange = Exchange(app.router, ProcessorOptions())
-    assert len(await exchange.receive(headers_message({c.DESTINATION_HEADER: FOREIGN}, md))) == 1
+    assert len(await exchange.receive(headers_message({wire.DESTINATION_HEADER: FOREIGN}, md))) == 1
     replies = await exchange.receive(pb.ProcessingRequest(request_body=pb.HttpBody(body=BODY, end_of_stream=True)))
     (reply,) = replies
-    lb = reply.dynamic_metadata.fields[c.LB_NAMESPACE].struct_value.fields[c.DESTINATION_METADATA_KEY].string_value
+    lb = reply.dynamic_metadata.fields[wire.LB_NAMESPACE].struct_value.fields[wire.DESTINATION_METADATA_KEY].string_value
     header = {
         h.header.key: h.header.raw_value.decode() for h in reply.request_body.response.header_mutation.set_headers
     }
-    assert header[c.DESTINATION_HEADER] == lb
+    assert header[wire.DESTINATION_HEADER] == lb
     assert set(lb.split(",")) <= {A, B, C} and FOREIGN not in lb
 
 
@@ -96,7 +96,7 @@ async def send_forged(url: str, forged: str, n: int) -> list[int]:
     async with aiohttp.ClientSession() as session:
 
         async def one() -> int:
-            async with session.post(url, json=body, headers={c.DESTINATION_HEADER: forged}) as resp:
+            async with session.post(url, json=body, headers={wire.DESTINATION_HEADER: forged}) as resp:
                 await resp.read()
                 return resp.status
 

@@ -14,12 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from extproc import wire
 from extproc.app import App
 from extproc.kvcache.hashing import BlockHasher
 from extproc.kvcache.index import PrefixIndex
 from extproc.kvcache.memory_index import MemoryPrefixIndex
 from extproc.kvcache.redis_index import RedisPrefixIndex
-from extproc.router import HEADER_CACHED
 from extproc.types import EndpointId, HashScheme, HttpRequest, LoraAdapter, Route
 from tests.contract.conftest import valkey_url
 from tests.fuzz.inproc import MODEL, ready_app
@@ -101,10 +101,10 @@ async def test_router_never_credits_one_tenants_cache_to_another() -> None:
         await app.stop()
     assert isinstance(first, Route) and isinstance(again, Route)
     assert isinstance(other, Route) and isinstance(bare, Route)
-    assert int(first.headers[HEADER_CACHED]) == 0
-    assert int(again.headers[HEADER_CACHED]) > 0, "the same tenant's repeat is warm"
-    assert int(other.headers[HEADER_CACHED]) == 0, "another tenant's identical prompt is cold"
-    assert int(bare.headers[HEADER_CACHED]) == 0, "an unsalted identical prompt is cold"
+    assert int(first.headers[wire.CACHED_TOKENS_HEADER]) == 0
+    assert int(again.headers[wire.CACHED_TOKENS_HEADER]) > 0, "the same tenant's repeat is warm"
+    assert int(other.headers[wire.CACHED_TOKENS_HEADER]) == 0, "another tenant's identical prompt is cold"
+    assert int(bare.headers[wire.CACHED_TOKENS_HEADER]) == 0, "an unsalted identical prompt is cold"
 
 
 async def test_a_salt_no_hash_can_encode_is_routed_by_load() -> None:
@@ -118,4 +118,4 @@ async def test_a_salt_no_hash_can_encode_is_routed_by_load() -> None:
         route = await app.router.route(HttpRequest("POST", "/v1/chat/completions", headers, body, "r"))
     finally:
         await app.stop()
-    assert isinstance(route, Route) and int(route.headers[HEADER_CACHED]) == 0
+    assert isinstance(route, Route) and int(route.headers[wire.CACHED_TOKENS_HEADER]) == 0

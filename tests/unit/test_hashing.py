@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from extproc.kvcache.hashing import BlockHasher, cbor_block, cbor_int, extra_keys_for, to_event_int
+from extproc.kvcache.hashing import BlockHasher, Unhashable, cbor_block, cbor_int, extra_keys_for, to_event_int
 from extproc.types import HashScheme, LoraAdapter
 
 SPEC_TOKENS = list(range(1000, 1040))  # SPEC §2.3: tokens 1000..1039, block size 16, seed unset
@@ -185,3 +185,11 @@ def test_cbor_memo_limit_falls_back_to_direct_encoding(monkeypatch: pytest.Monke
 def test_tuple_and_list_inputs_agree(algo: str) -> None:
     hasher = BlockHasher(HashScheme(block_size=16, algo=algo))
     assert hasher.hash_blocks(tuple(SPEC_TOKENS)) == hasher.hash_blocks(SPEC_TOKENS)
+
+
+def test_a_salt_sha256_cbor_cannot_encode_is_unhashable() -> None:
+    """A lone surrogate (JSON ``"\\ud800"``) has no CBOR text encoding: no block keys exist, here as in vLLM."""
+    hasher = BlockHasher(HashScheme(block_size=4, algo="sha256_cbor"))
+    with pytest.raises(Unhashable):
+        hasher.hash_blocks(list(range(8)), cache_salt="\ud800")
+    assert len(BlockHasher(HashScheme(block_size=4)).hash_blocks(list(range(8)), cache_salt="\ud800")) == 2

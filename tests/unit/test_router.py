@@ -11,15 +11,17 @@ from dataclasses import dataclass
 import pytest
 from prometheus_client import CollectorRegistry
 
+from extproc import wire
 from extproc.backends.inflight import InflightLoad
 from extproc.backends.registry import EndpointRegistry
 from extproc.backends.vllm_metrics import EngineMetrics
+from extproc.config import SchedulingConfig
 from extproc.errors import BadRequest, NoEndpoint
 from extproc.kvcache.index import IndexUnavailable
 from extproc.observability import RouterMetrics
-from extproc.router import HEADER_REASON, Router, RouterDeps, RouterSettings
-from extproc.scheduling.estimate import EstimatorParams
-from extproc.scheduling.profiles import TtftProfile
+from extproc.prompt.openai import kind_for_path
+from extproc.router import Router, RouterDeps, RouterSettings
+from extproc.scheduling.build import build_profile
 from extproc.types import (
     BlockHash,
     Endpoint,
@@ -41,6 +43,9 @@ class FakePreparer:
     def __init__(self, tokens: list[int] | None) -> None:
         self.tokens = tokens
         self.budgets: list[float | None] = []
+
+    def parses(self, path: str) -> bool:
+        return kind_for_path(path) is not None  # the real parser's classification
 
     async def prepare(self, request: HttpRequest, tokenize_within_s: float | None = None) -> PreparedPrompt:
         self.budgets.append(tokenize_within_s)
@@ -123,7 +128,7 @@ def make_router(
         precise=precise or DictIndex(),
         approx=approx,
         is_precise=lambda e: False,
-        profile=TtftProfile(params=EstimatorParams(prefill_tokens_per_s=10000.0)),
+        profile=build_profile(SchedulingConfig(prefill_tokens_per_s=10000.0)),
         metrics=RouterMetrics(CollectorRegistry()),
         executor=ThreadPoolExecutor(1),
     )
@@ -138,6 +143,18 @@ async def test_non_llm_requests_pass_through() -> None:
     router, _, _ = make_router()
     assert isinstance(await router.route(HttpRequest("GET", "/v1/models", {}, b"", "r")), PassThrough)
     assert isinstance(await router.route(post(path="/metrics")), PassThrough)
+
+
+@pytest.mark.parametrize(
+    ("path", "routed"),
+    [("/v1/chat/completions", True), ("/v1/completions?stream=1", True), ("/v1/completions/", False)],
+    ids=["chat", "query-string", "trailing-slash-is-vllms-307"],
+)
+async def test_the_parsers_paths_are_the_routers(path: str, routed: bool) -> None:
+    """One classification (``kind_for_path``): vLLM redirects a trailing slash (307) and serves nothing there,
+    so the router passes it through, as the parser would not parse it."""
+    router, _, _ = make_router()
+    assert isinstance(await router.route(post(path=path)), Route if routed else PassThrough)
 
 
 async def test_second_request_follows_the_first_through_the_approximate_index() -> None:
@@ -156,7 +173,7 @@ async def test_a_burst_spreads_because_routed_work_counts_as_load() -> None:
     router, _, _ = make_router()
     picks = []
     for i in range(4):
-        router._d.preparer.tokens = [i * 10000 + t for t in range(1000)]  # type: ignore[attr-defined]
+        router._deps.preparer.tokens = [i * 10000 + t for t in range(1000)]  # type: ignore[attr-defined]
         result = await router.route(post())
         assert isinstance(result, Route)
         picks.append(result.endpoints[0])
@@ -172,7 +189,7 @@ async def test_index_failure_routes_by_load(index: DictIndex) -> None:
 
 async def test_tokenizer_failure_routes_by_load() -> None:
     router, _, _ = make_router()
-    router._d.preparer.tokens = None  # type: ignore[attr-defined]
+    router._deps.preparer.tokens = None  # type: ignore[attr-defined]
     result = await router.route(post())
     assert isinstance(result, Route) and result.headers["x-router-reason"] == "no_tokens"
 
@@ -208,7 +225,7 @@ async def test_load_only_mode_never_hashes_or_looks_up() -> None:
     second = await router.route(post())
     assert isinstance(first, Route) and isinstance(second, Route)
     assert second.headers["x-router-reason"] == "load"
-    assert router._d.metrics.index_failures.labels("approx")._value.get() == 0
+    assert router._deps.metrics.index_failures.labels("approx")._value.get() == 0
 
 
 async def test_prompt_text_is_logged_only_when_asked(caplog: pytest.LogCaptureFixture) -> None:
@@ -223,17 +240,17 @@ async def test_prompt_text_is_logged_only_when_asked(caplog: pytest.LogCaptureFi
 
 async def test_a_late_request_is_routed_by_load_without_tokenizing() -> None:
     router, _, _ = make_router(settings=RouterSettings(answer_budget_s=0.5))
-    preparer = router._d.preparer
+    preparer = router._deps.preparer
     now = time.monotonic()
     fresh = HttpRequest("POST", "/v1/chat/completions", {}, b"{}", "r1", received_at_s=now)
     route = await router.route(fresh)
-    assert isinstance(route, Route) and route.headers[HEADER_REASON] != Reason.NO_TOKENS.value
+    assert isinstance(route, Route) and route.headers[wire.REASON_HEADER] != Reason.NO_TOKENS.value
     assert 0.4 < preparer.budgets[-1] <= 0.5  # the rest of the budget
     late = HttpRequest("POST", "/v1/chat/completions", {}, b"{}", "r2", received_at_s=now - 0.6)
     route = await router.route(late)
-    assert isinstance(route, Route) and route.headers[HEADER_REASON] == Reason.NO_TOKENS.value
+    assert isinstance(route, Route) and route.headers[wire.REASON_HEADER] == Reason.NO_TOKENS.value
     assert preparer.budgets[-1] <= 0
-    assert router._d.metrics.late_requests._value.get() == 1
+    assert router._deps.metrics.late_requests._value.get() == 1
     untimed = HttpRequest("POST", "/v1/chat/completions", {}, b"{}", "r3")
     await router.route(untimed)
     assert preparer.budgets[-1] is None  # no arrival time: the tokenizer's own timeout applies
@@ -248,7 +265,7 @@ async def test_the_record_of_a_pick_lives_only_until_events_can_report_it(live: 
     """An event-fed endpoint that is cold (just purged or reset: not precise yet) gets a short burst mark, not a
     600 s guess, so the engine's later BlockRemoved is not outlived by our own record (found on real vLLM)."""
     router, approx, _ = make_router(settings=RouterSettings(burst_mark_ttl_s=2.0, approx_ttl_s=600.0))
-    router._d = dataclasses.replace(router._d, has_live_events=lambda e: live)
+    router._deps = dataclasses.replace(router._deps, has_live_events=lambda e: live)
     route = await router.route(post())
     assert isinstance(route, Route)
     await asyncio.sleep(0)  # the record is a background write

@@ -1,11 +1,18 @@
-"""Table tests for the pure decision: estimates, filters and profiles."""
+"""Table tests for the pure decision: estimates, filters and profiles.
+
+The profiles run on the config's defaults (``build_profile(SchedulingConfig())``), the ones the product ships;
+a test that needs another value replaces that one field.
+"""
 
 import random
+from dataclasses import replace
 
 import pytest
 
+from extproc.config import SchedulingConfig, WeightedProfileConfig
 from extproc.errors import NoEndpoint, Overloaded
-from extproc.scheduling.estimate import EstimatorParams, cached_tokens, estimate_ttft_s
+from extproc.scheduling.build import build_profile
+from extproc.scheduling.estimate import cached_tokens, estimate_ttft_s
 from extproc.scheduling.filters import eligible
 from extproc.scheduling.profiles import TtftProfile, WeightedProfile
 from extproc.types import (
@@ -21,9 +28,10 @@ from extproc.types import (
 )
 
 A, B, C = EndpointId("10.0.0.1:8000"), EndpointId("10.0.0.2:8000"), EndpointId("10.0.0.3:8000")
-PARAMS = EstimatorParams(
-    prefill_tokens_per_s=10000.0, decode_slowdown_per_running=0.0, request_overhead_s=0.0
-)
+DEFAULT = build_profile(SchedulingConfig())
+assert isinstance(DEFAULT, TtftProfile)
+# Round numbers for the estimate's arithmetic (10,000 tokens/s, no batch or queue overheads).
+PARAMS = replace(DEFAULT.params, prefill_tokens_per_s=10000.0, decode_slowdown_per_running=0.0, request_overhead_s=0.0)
 
 
 def cand(
@@ -71,7 +79,7 @@ def test_unknown_load_is_not_idle() -> None:
 
 
 def test_kv_pressure_adds_delay_only_when_switched_on() -> None:
-    on = EstimatorParams(prefill_tokens_per_s=10000.0, kv_pressure_threshold=0.9)
+    on = replace(PARAMS, kv_pressure_threshold=0.9)
     assert estimate_ttft_s(cand(A, kv=0.99), 1600, 16, on) > estimate_ttft_s(cand(A, kv=0.5), 1600, 16, on)
     assert estimate_ttft_s(cand(A, kv=0.99), 1600, 16, PARAMS) == estimate_ttft_s(cand(A, kv=0.5), 1600, 16, PARAMS)
 
@@ -83,6 +91,8 @@ TABLE = [
     # The case the project exists for: A holds the prefix but has a long queue; B is idle and cold.
     ("warm-but-swamped-spills-to-cold", [cand(A, 99, queued=50000), cand(B, 0)], B, Reason.SPILL),
     ("warm-with-short-queue-still-wins", [cand(A, 99, queued=800), cand(B, 0)], A, Reason.CACHE),
+    # ~0.12 s worse than cold: within the shipped stickiness (0.2 s), so it stays warm (at 0.05 s it spilled).
+    ("warm-within-stickiness-stays", [cand(A, 99, queued=3000), cand(B, 0)], A, Reason.CACHE),
     ("longest-prefix-wins-among-warm", [cand(A, 20), cand(B, 99), cand(C, 50)], B, Reason.CACHE),
     # The leading-space edit: only the system prompt's block matches; that is cold, so load decides.
     ("system-prompt-only-is-cold", [cand(A, 1, queued=500), cand(B, 0)], B, Reason.LOAD),
@@ -91,7 +101,7 @@ TABLE = [
 
 @pytest.mark.parametrize(("candidates", "pick", "reason"), [t[1:] for t in TABLE], ids=[t[0] for t in TABLE])
 def test_ttft_profile_table(candidates: list[Candidate], pick: EndpointId, reason: Reason) -> None:
-    decision = TtftProfile(params=PARAMS).decide(req(), candidates, random.Random(0))
+    decision = DEFAULT.decide(req(), candidates, random.Random(0))
     assert decision.endpoints[0] == pick
     assert decision.reason == reason
     assert len(decision.endpoints) == len(set(decision.endpoints))
@@ -101,7 +111,7 @@ def test_tenant_ttft_target_bounds_the_wait_for_a_warm_endpoint() -> None:
     candidates = [cand(A, 99, queued=15000), cand(B, 0)]  # warm ~1.5 s, cold ~0.16 s
     patient = req(tenant=Tenant("batch", ttft_target_s=3.0))
     hurried = req(tenant=Tenant("chat", ttft_target_s=0.5))
-    profile = TtftProfile(params=PARAMS)
+    profile = DEFAULT
     assert profile.decide(patient, candidates, random.Random(0)).endpoints[0] == A
     assert profile.decide(hurried, candidates, random.Random(0)).endpoints[0] == B
 
@@ -109,36 +119,37 @@ def test_tenant_ttft_target_bounds_the_wait_for_a_warm_endpoint() -> None:
 def test_ties_are_spread() -> None:
     candidates = [cand(A), cand(B), cand(C)]
     rng = random.Random(1)
-    picks = {TtftProfile(params=PARAMS).decide(req(), candidates, rng).endpoints[0] for _ in range(60)}
+    picks = {DEFAULT.decide(req(), candidates, rng).endpoints[0] for _ in range(60)}
     assert picks == {A, B, C}
 
 
 def test_fallbacks_follow_the_pick_in_estimate_order() -> None:
     candidates = [cand(A, 0, queued=3000), cand(B, 99), cand(C, 0, queued=1000)]
-    decision = TtftProfile(params=PARAMS, fallbacks=2).decide(req(), candidates, random.Random(0))
+    decision = replace(DEFAULT, fallbacks=2).decide(req(), candidates, random.Random(0))
     assert decision.endpoints == (B, C, A)
 
 
 def test_no_candidates_is_no_endpoint() -> None:
     with pytest.raises(NoEndpoint):
-        TtftProfile().decide(req(), [], random.Random(0))
+        DEFAULT.decide(req(), [], random.Random(0))
 
 
 def test_sheddable_tenant_is_refused_when_everything_is_swamped() -> None:
     candidates = [cand(A, queued=10**6), cand(B, queued=10**6)]
-    profile = TtftProfile(params=PARAMS, shed_ttft_s=5.0)
+    profile = replace(DEFAULT, shed_ttft_s=5.0)
     with pytest.raises(Overloaded):
         profile.decide(req(tenant=Tenant("bulk", priority=-1)), candidates, random.Random(0))
     assert profile.decide(req(tenant=Tenant("vip", priority=1)), candidates, random.Random(0)).endpoints
 
 
 def test_no_tokens_routes_by_load() -> None:
-    decision = TtftProfile(params=PARAMS).decide(req(0), [cand(A, queued=9000), cand(B)], random.Random(0))
+    decision = DEFAULT.decide(req(0), [cand(A, queued=9000), cand(B)], random.Random(0))
     assert (decision.endpoints[0], decision.reason) == (B, Reason.NO_TOKENS)
 
 
 def test_weighted_profile_prefers_prefix_then_queue() -> None:
-    profile = WeightedProfile(weights={"prefix": 3.0, "queue": 2.0, "kv": 1.0})
+    profile = build_profile(SchedulingConfig(profile=WeightedProfileConfig(type="weighted")))
+    assert isinstance(profile, WeightedProfile)
     d = profile.decide(req(), [cand(A, 99, waiting=1), cand(B, 0, waiting=0)], random.Random(0))
     assert (d.endpoints[0], d.reason) == (A, Reason.CACHE)
     d = profile.decide(req(), [cand(A, 0, waiting=5), cand(B, 0, waiting=0)], random.Random(0))
@@ -182,3 +193,14 @@ def test_filters(
     expected: set[EndpointId],
 ) -> None:
     assert {e.id for e in eligible(endpoints, "m", lora, subset)} == expected
+
+
+def test_decision_names_its_numbers_by_what_they_mean() -> None:
+    candidates = [cand(A, 99), cand(B, 0)]
+    ttft = DEFAULT.decide(req(), candidates, random.Random(0))
+    assert set(ttft.estimates_s) == {A, B} and ttft.scores == {}
+    assert ttft.estimates_s[A] < ttft.estimates_s[B], "seconds to first token: lower is better"
+    weighted = build_profile(SchedulingConfig(profile=WeightedProfileConfig(type="weighted")))
+    blend = weighted.decide(req(), candidates, random.Random(0))
+    assert set(blend.scores) == {A, B} and blend.estimates_s == {}
+    assert blend.scores[A] > blend.scores[B], "scorer totals: higher is better"

@@ -1,11 +1,13 @@
-"""Per-model facts the read path needs: each pool's hash scheme (configured or discovered) and tenant classes."""
+"""Resolvers the read path calls per request: a base model → its pool's hash scheme (configured or discovered),
+and a tenant id → its class."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from extproc.backends.registry import EndpointRegistry
-from extproc.config import ModelConfig, TenantsConfig
+from extproc.config import ModelConfig, TenantClass, TenantsConfig
 from extproc.types import HashScheme, Tenant
 
 DEFAULT_SCHEME = HashScheme()
@@ -48,8 +50,15 @@ class TenantResolver:
     """Tenant id (the fairness header's value) → its configured class, or the default class."""
 
     def __init__(self, config: TenantsConfig) -> None:
-        self._config = config
+        """Raises ``TypeError`` at boot if a ``TenantClass`` setting has no ``Tenant`` field to go to."""
+        self._classes = {tenant_id: _promise(cls) for tenant_id, cls in config.classes.items()}
+        self._default = _promise(config.default)
 
     def __call__(self, tenant_id: str) -> Tenant:
-        cls = self._config.classes.get(tenant_id, self._config.default)
-        return Tenant(id=tenant_id, priority=cls.priority, ttft_target_s=cls.ttft_target_s)
+        return replace(self._classes.get(tenant_id, self._default), id=tenant_id)
+
+
+def _promise(cls: TenantClass) -> Tenant:
+    """A class's promises as a ``Tenant``: every ``TenantClass`` field by name, none copied by hand (so a new
+    tenant setting cannot silently stay at its default)."""
+    return Tenant(id="", **cls.model_dump())

@@ -1,0 +1,49 @@
+"""One endpoint's ``LoadSnapshot`` for a decision: what its last scrape showed, corrected by what we routed since.
+
+Pure: the caller passes the time and the numbers it read. The formula in one place, table-tested in
+``tests/unit/test_load.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from extproc.backends.registry import EndpointRecord
+from extproc.types import EndpointId, LoadSnapshot
+
+
+class RoutedLoad(Protocol):
+    """What this replica routed and no scrape shows yet (``backends.inflight.InflightLoad``)."""
+
+    def queued_tokens(self, endpoint: EndpointId) -> float: ...
+
+    def routed_since_scrape(self, endpoint: EndpointId) -> int: ...
+
+    @property
+    def mean_uncached_tokens(self) -> float: ...
+
+
+def snapshot(
+    record: EndpointRecord, routed: RoutedLoad, shared_queued: float, now_s: float, stale_after_s: float
+) -> LoadSnapshot:
+    """The load the profile sees for ``record``'s endpoint at ``now_s``.
+
+    Scraped numbers count only while fresh (``stale_after_s``); unknown load reads as zeros with ``known``
+    False (the estimator adds its own penalty for it). The prefill queued ahead is the largest of three views
+    of the same queue: our own virtual queue, every replica's shared one (``shared_queued``, 0 when unshared),
+    and the scraped waiting requests at our running mean of uncached tokens per request.
+    """
+    eid = record.endpoint.id
+    known = record.load_known(now_s, stale_after_s)
+    m = record.metrics if known else None
+    waiting = m.waiting if m else 0
+    queued = max(routed.queued_tokens(eid), shared_queued, waiting * routed.mean_uncached_tokens)
+    return LoadSnapshot(
+        running=m.running if m else 0,
+        waiting=waiting,
+        kv_usage=m.kv_usage if m else 0.0,
+        known=known,
+        scraped_at_s=record.scraped_at_s,
+        inflight_requests=routed.routed_since_scrape(eid),
+        queued_prefill_tokens=queued,
+    )
