@@ -201,29 +201,31 @@ class SchedulingConfig(_Strict):
 def _from_flat_spelling(data: dict[str, Any]) -> dict[str, Any]:
     """The pre-union spelling → ``profile: {type, knobs}``, with one warning naming the new spelling.
 
-    Knobs of the other profile (which the old spelling accepted and ignored) are dropped, and the warning says so.
+    Flat knobs beside a ``profile`` mapping are moved into it (a knob given both ways is an error). Knobs of
+    the other profile, which the old spelling accepted and ignored, are dropped, and the warning says so.
     """
     moved = {k: kind for kind, knobs in _PROFILE_KNOBS.items() for k in knobs}
     flat = {k: v for k, v in data.items() if k in moved}
     profile = data.get("profile")
     if not flat and not isinstance(profile, str):
         return data
-    if flat and isinstance(profile, dict):
-        raise ValueError(
-            f"scheduling: {', '.join(sorted(flat))} must be given inside scheduling.profile, not beside it"
-        )
-    kind = profile if isinstance(profile, str) else "ttft"
+    given: dict[str, Any] = dict(profile) if isinstance(profile, dict) else {}
+    kind = profile if isinstance(profile, str) else given.get("type", "ttft")
     if kind not in _PROFILE_KNOBS:
         raise ValueError(f"scheduling.profile: unknown profile {kind!r}; known: {', '.join(_PROFILE_KNOBS)}")
     mine = {k: v for k, v in flat.items() if moved[k] == kind}
+    twice = sorted(k for k, v in mine.items() if k in given and given[k] != v)
+    if twice:
+        raise ValueError(f"scheduling: {', '.join(twice)} given twice, inside scheduling.profile and beside it")
     ignored = sorted(set(flat) - set(mine))
-    new = ", ".join(f"{k}: {v!r}" for k, v in {"type": kind, **mine}.items())
+    new_profile = {**given, "type": kind, **mine}
+    new = ", ".join(f"{k}: {v!r}" for k, v in new_profile.items())
     message = f"config: scheduling's flat profile spelling is deprecated; write scheduling.profile: {{{new}}}"
     if ignored:
         message += f" (dropped, as they never applied to the {kind} profile: {', '.join(ignored)})"
     log.warning(message)
     rest = {k: v for k, v in data.items() if k not in moved and k != "profile"}
-    return {**rest, "profile": {"type": kind, **mine}}
+    return {**rest, "profile": new_profile}
 
 
 class TenantClass(_Strict):

@@ -64,11 +64,15 @@ def test_new_spelling(scheduling: dict[str, Any], profile: object, caplog: pytes
         ({"stickiness_s": 0.3}, {"profile": {"type": "ttft", "stickiness_s": 0.3}}),
         ({"profile": "weighted"}, {"profile": {"type": "weighted"}}),
         (
+            {"profile": {"type": "ttft", "tie_epsilon_s": 0.01}, "stickiness_s": 0.3},
+            {"profile": {"type": "ttft", "tie_epsilon_s": 0.01, "stickiness_s": 0.3}},
+        ),
+        (
             {"profile": "weighted", "weights": {"kv": 1.0}, "prefill_tokens_per_s": 5000.0},
             {"profile": {"type": "weighted", "weights": {"kv": 1.0}}, "prefill_tokens_per_s": 5000.0},
         ),
     ],
-    ids=["ttft-flat", "knob-without-profile", "weighted-name", "weighted-flat"],
+    ids=["ttft-flat", "knob-without-profile", "weighted-name", "flat-beside-a-profile", "weighted-flat"],
 )
 def test_old_spelling_is_read_with_one_warning_naming_the_new(
     old: dict[str, Any], new: dict[str, Any], caplog: pytest.LogCaptureFixture
@@ -107,12 +111,12 @@ def test_load_config_warns_once_per_load(tmp_path: Path, caplog: pytest.LogCaptu
         ({"profile": "weighted", "weights": {"fresh": 2.0}}, "unknown scorers ['fresh']"),
         ({"profile": {"type": "weighted", "stickiness_s": 0.3}}, "stickiness_s belong(s) to profile type 'ttft'"),
         ({"profile": {"type": "ttft", "weights": {"kv": 1.0}}}, "weights belong(s) to profile type 'weighted'"),
-        ({"profile": {"type": "ttft"}, "stickiness_s": 0.3}, "must be given inside scheduling.profile"),
+        ({"profile": {"type": "ttft", "stickiness_s": 0.2}, "stickiness_s": 0.3}, "stickiness_s given twice"),
         ({"profile": "fastest"}, "unknown profile 'fastest'"),
         ({"profile": {"type": "fastest"}}, "does not match any of the expected tags"),
         ({"profile": {"type": "ttft", "stickyness_s": 0.3}}, "stickyness_s"),
     ],
-    ids=["unknown-scorer", "unknown-scorer-old-spelling", "ttft-knob-on-weighted", "weights-on-ttft", "mixed-spellings",
+    ids=["unknown-scorer", "unknown-scorer-old-spelling", "ttft-knob-on-weighted", "weights-on-ttft", "given-both-ways",
          "unknown-profile-name", "unknown-profile-type", "typo"],
 )
 def test_bad_scheduling_is_a_clear_error(scheduling: dict[str, Any], message: str) -> None:

@@ -2,6 +2,7 @@
 
 import asyncio
 import dataclasses
+import json
 import random
 import time
 from collections.abc import Collection, Mapping, Sequence
@@ -236,6 +237,15 @@ async def test_prompt_text_is_logged_only_when_asked(caplog: pytest.LogCaptureFi
     loud, _, _ = make_router(settings=RouterSettings(log_prompts=True))
     await loud.route(post(b'{"secret prompt": 1}'))
     assert "secret prompt" in caplog.text
+
+
+async def test_the_decision_line_names_its_numbers(caplog: pytest.LogCaptureFixture) -> None:
+    """The TTFT profile's estimates are seconds (lower is better), never printed as "scores"."""
+    caplog.set_level("INFO", logger="extproc.decision")
+    router, _, _ = make_router()
+    await router.route(post())
+    (line,) = [json.loads(r.getMessage()) for r in caplog.records if r.name == "extproc.decision"]
+    assert set(line["estimates_s"]) == {A, B} and line["scores"] == {}
 
 
 async def test_a_late_request_is_routed_by_load_without_tokenizing() -> None:
