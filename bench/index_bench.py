@@ -30,7 +30,7 @@ from extproc.kvcache.events import decode_batch
 from extproc.kvcache.index import Chain, PrefixIndex
 from extproc.kvcache.ingest import Ingest
 from extproc.kvcache.memory_index import MemoryPrefixIndex
-from extproc.kvcache.redis_index import RedisPrefixIndex
+from extproc.redis.prefix_index import RedisPrefixIndex
 from extproc.types import BlockHash, EndpointId, HashScheme
 
 MASK64 = 2**64 - 1

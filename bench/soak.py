@@ -268,8 +268,8 @@ async def soak(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         sim_args=("--sim-decode-step-s", "0.02"),
         picker_overrides={
             "listen": {"host": "127.0.0.1", "grpc_port": grpc_port, "metrics_port": metrics_port},
-            "index": {"backend": "redis", "redis_url": f"redis://127.0.0.1:{redis_port}/0",
-                      "redis_timeout_s": 0.02, "lookup_deadline_s": 0.02},
+            "index": {"backend": "redis", "url": f"redis://127.0.0.1:{redis_port}/0",
+                      "timeout_s": 0.02, "lookup_deadline_s": 0.02},
         },
     )  # fmt: skip
     stack = Stack(spec, workdir / "stack").start()

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
-import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,17 +20,13 @@ from extproc.backends.dns import DnsDiscovery, DnsResolver, system_nameserver
 from extproc.backends.inflight import InflightLoad
 from extproc.backends.registry import EndpointRegistry
 from extproc.backends.scraper import Scraper
-from extproc.backends.shared_load import SharedLoad
-from extproc.config import RouterConfig
-from extproc.kvcache.feed import EventFeed, sources_from_config
+from extproc.config import EndpointConfig, RouterConfig
+from extproc.indexes import build_indexes
+from extproc.kvcache.feed import EventFeed
 from extproc.kvcache.hash_cache import CachedHasher, HashCacheStats
 from extproc.kvcache.hashing import BlockHasher
-from extproc.kvcache.index import PrefixIndex
-from extproc.kvcache.lease import StreamLeases
-from extproc.kvcache.memory_index import MemoryPrefixIndex
-from extproc.kvcache.mirrored_index import MirroredIndex
-from extproc.kvcache.redis_index import RedisPrefixIndex
 from extproc.kvcache.subscriber import EventSource
+from extproc.lifecycle import EndpointLifecycle
 from extproc.observability import CountersCollector, PreciseGauge, RouterMetrics, TokenizerCollector
 from extproc.prompt.encoders import ShadowCheck
 from extproc.prompt.preparer import build_preparer
@@ -76,6 +69,20 @@ class HasherCache:
         return hasher
 
 
+def sources_from_config(endpoints: Iterable[EndpointConfig]) -> list[EventSource]:
+    """One ``EventSource`` per endpoint whose config names a KV-event publisher."""
+    return [
+        EventSource(
+            endpoint=EndpointId(e.address),
+            address=e.kv_events.endpoint,
+            replay_address=e.kv_events.replay_endpoint,
+            topic=e.kv_events.topic,
+        )
+        for e in endpoints
+        if e.kv_events is not None
+    ]
+
+
 class App:
     """The running service. ``grpc_port`` / ``metrics_port`` are the bound ports once started."""
 
@@ -86,19 +93,9 @@ class App:
         self.registry = EndpointRegistry(endpoints)
         self.inflight = InflightLoad(config.scheduling.prefill_tokens_per_s)
         self.metrics = RouterMetrics(CollectorRegistry())
-        self.precise: PrefixIndex = self._build_precise_index()
-        idx = config.index
-        self.shared_load = (
-            SharedLoad.from_url(
-                idx.redis_url,
-                namespace=idx.redis_namespace,
-                timeout_s=idx.redis_timeout_s,
-                prefill_tokens_per_s=config.scheduling.prefill_tokens_per_s,
-            )
-            if idx.backend == "redis" and idx.redis_url
-            else None
-        )
-        self.approx: PrefixIndex = self._build_approx_index()
+        self.indexes = build_indexes(config.index, self._approx_capacity, config.scheduling.prefill_tokens_per_s)
+        self.precise, self.approx = self.indexes.precise, self.indexes.approx
+        self.shared_load = self.indexes.shared_load
         self.executor = ThreadPoolExecutor(config.limits.tokenizer_workers, thread_name_prefix="tokenize")
         # Hashing gets its own thread: behind busy tokenizer threads it queued for tens of ms under load.
         self.hash_executor = ThreadPoolExecutor(1, thread_name_prefix="hash")
@@ -112,19 +109,20 @@ class App:
             timeout_s=config.scrape.timeout_s,
             discover_interval_s=config.scrape.discover_interval_s,
             on_scrape=self.inflight.scraped,
-            on_down=self._endpoint_down,
+            on_down=lambda eid: self.lifecycle.down(eid),
         )
         self.discovery = self._build_discovery()
         self.schemes = SchemeResolver({m.name: m for m in config.models}, self.registry)
         self.feed = EventFeed(
-            sources_from_config(config.endpoints), self.precise, self.approx, self._scheme_of,
-            leases=self._build_leases(),
+            sources_from_config(config.endpoints), self.indexes.writes, self.approx, self._scheme_of,
+            leases=self.indexes.leases,
         )  # fmt: skip
+        self.lifecycle = EndpointLifecycle(self.registry, self.scraper.set_targets, self.feed, self.indexes,
+                                           self.inflight)  # fmt: skip
         self.metrics.registry.register(CountersCollector("router_kv", self._kv_counters))
         self.metrics.registry.register(
-            PreciseGauge(lambda: sum(1 for eid in self.registry.snapshot() if self.feed.is_precise(eid)))
+            PreciseGauge(lambda: len(self.feed.precise_endpoints() & self.registry.snapshot().keys()))
         )
-        self._cleanups: set[asyncio.Task[None]] = set()
         self.router = Router(
             self._router_deps(),
             RouterSettings(
@@ -158,89 +156,20 @@ class App:
         return DnsDiscovery(resolver, dns.name, dns.port, interval_s=dns.interval_s, on_change=self._discovered)
 
     def _discovered(self, found: frozenset[EndpointId]) -> None:
-        """Discovery changed the set: static endpoints plus ``found``. New ones are scraped and their KV events
-        followed (``discovery.dns.kv_events`` with their IP); gone ones are unfollowed and their entries cleared."""
+        """Discovery changed the set: static endpoints plus ``found`` (``EndpointLifecycle.discovered``); a
+        discovered endpoint's KV events are followed when ``discovery.dns.kv_events`` names them (with its IP)."""
         static = {EndpointId(e.address): frozenset(e.models) for e in self.config.endpoints}
-        ids = [*static, *sorted(found - static.keys())]
-        gone = set(self.registry.snapshot()) - set(ids)
-        self.registry.sync(Endpoint(eid, models=static.get(eid, frozenset())) for eid in ids)
-        self.scraper.set_targets({eid: f"http://{eid}" for eid in ids})
+        self.lifecycle.discovered(static, found, self._discovered_events)
+
+    def _discovered_events(self, eid: EndpointId) -> EventSource | None:
         dns = self.config.discovery.dns
-        for eid in ids:
-            kv = dns.kv_events_for(eid.rpartition(":")[0]) if dns and eid not in static else None
-            if kv is not None and self.feed.subscriber.status(eid) is None:
-                self.feed.subscriber.add(EventSource(eid, kv.endpoint, kv.replay_endpoint, topic=kv.topic))
-        for eid in gone:
-            task = asyncio.create_task(self._forget(eid))
-            self._cleanups.add(task)
-            task.add_done_callback(self._cleanups.discard)
-
-    def _endpoint_down(self, eid: EndpointId) -> None:
-        """``eid`` refuses connections (its engine died or is restarting): an engine that comes back holds an
-        empty cache, so our guesses about it go now. (Event-fed endpoints are purged by their stream too.)"""
-        task = asyncio.create_task(self._clear_approx(eid))
-        self._cleanups.add(task)
-        task.add_done_callback(self._cleanups.discard)
-
-    async def _clear_approx(self, eid: EndpointId) -> None:
-        try:
-            await self.approx.clear(eid)
-        except Exception as exc:  # best effort, like every approximate-index write
-            log.warning("clearing the approximate entries of %s failed: %s", eid, exc)
-
-    async def _forget(self, eid: EndpointId) -> None:
-        try:
-            await self.feed.subscriber.remove(eid)
-        except Exception as exc:
-            log.warning("unfollowing the KV events of %s failed: %s", eid, exc)
-        for index in (self.precise, self.approx):
-            try:
-                await index.clear(eid)
-            except Exception as exc:  # best effort: a gone endpoint is never a candidate anyway
-                log.warning("clearing the index entries of %s failed: %s", eid, exc)
-
-    def _build_precise_index(self) -> PrefixIndex:
-        """In-memory for one replica; Redis (shared by every replica) when configured. The approximate index
-        stays in memory: it is this replica's own guesses, and what is left when Redis is down."""
-        idx = self.config.index
-        if idx.backend == "redis" and idx.redis_url:
-            return RedisPrefixIndex.from_url(
-                idx.redis_url, namespace=idx.redis_namespace, timeout_s=idx.redis_timeout_s
-            )
-        return MemoryPrefixIndex()
-
-    def _build_leases(self) -> StreamLeases | None:
-        """With a shared Redis index, each endpoint's KV events are applied by one replica at a time."""
-        idx = self.config.index
-        if not isinstance(self.precise, RedisPrefixIndex) or not idx.event_leases:
-            return None
-        owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        return StreamLeases(self.precise, owner, ttl_s=idx.event_lease_ttl_s)
+        kv = dns.kv_events_for(eid.rpartition(":")[0]) if dns else None
+        return None if kv is None else EventSource(eid, kv.endpoint, kv.replay_endpoint, topic=kv.topic)
 
     def _kv_counters(self) -> list[tuple[str, object]]:
         """The write path's counters, exported as ``router_kv_<group>_<field>``."""
-        groups: list[tuple[str, object]] = [
-            ("ingest", self.feed.ingest.counters), ("stream", self.feed.subscriber.counters)]  # fmt: skip
-        if self.feed.leases is not None:
-            groups.append(("lease", self.feed.leases.counters))
-        if isinstance(self.precise, RedisPrefixIndex):
-            groups.append(("redis_lookups", self.precise.lookups))
-        return groups
-
-    def _build_approx_index(self) -> PrefixIndex:
-        """Our own guesses and burst marks: in memory; with Redis, mirrored there too, so a replica sees what
-        another one routed a moment ago (before the engine's events confirm it)."""
-        local = MemoryPrefixIndex(capacity_blocks=self._approx_capacity)
-        idx = self.config.index
-        if idx.backend != "redis" or not idx.redis_url:
-            return local
-        shared = RedisPrefixIndex.from_url(
-            idx.redis_url,
-            namespace=f"{idx.redis_namespace}-approx",
-            timeout_s=idx.redis_timeout_s,
-            capacity_blocks=self._approx_capacity,
-        )
-        return MirroredIndex(local, shared, shared_timeout_s=idx.lookup_deadline_s)  # router allows 2x for approx
+        return [("ingest", self.feed.ingest.counters), ("stream", self.feed.subscriber.counters),
+                *self.indexes.counters]  # fmt: skip
 
     def _scheme_of(self, eid: EndpointId) -> HashScheme | None:
         """The hash scheme an endpoint's engine should use: that of the (first) model it serves."""
@@ -276,7 +205,7 @@ class App:
             inflight=self.inflight,
             precise=self.precise,
             approx=self.approx,
-            is_precise=self.feed.is_precise,
+            precise_endpoints=self.feed.precise_endpoints,
             profile=build_profile(config.scheduling),
             metrics=self.metrics,
             executor=self.hash_executor,
@@ -338,6 +267,8 @@ class App:
         self.metrics_port = int(addresses[0][1]) if addresses else port
 
     async def stop(self) -> None:
+        """Take the service down in reverse: no new requests or endpoints, then drain the background writes
+        (the router's, the lifecycle's cleanups), stop the event feed, close the indexes."""
         if self.discovery is not None:
             await self.discovery.stop()
         if self._server:
@@ -345,11 +276,10 @@ class App:
         if self._metrics_runner:
             await self._metrics_runner.cleanup()
         await self.scraper.stop()
+        await self.router.drain()
+        await self.lifecycle.stop()
         await self.feed.stop()
-        await self.precise.close()
-        if self.shared_load is not None:
-            await self.shared_load.close()
-        await self.approx.close()
+        await self.indexes.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.hash_executor.shutdown(wait=False, cancel_futures=True)
         self.check_executor.shutdown(wait=False, cancel_futures=True)

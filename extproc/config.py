@@ -6,12 +6,13 @@ Validated once at boot; a bad file is a clear error naming the field, and nothin
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from extproc.scheduling.scorers import SCORERS
 from extproc.wire import TENANT_HEADER
@@ -239,29 +240,90 @@ class TenantsConfig(_Strict):
     default: TenantClass = Field(TenantClass(), description="class of tenants not listed in classes")
 
 
-class IndexConfig(_Strict):
+class _IndexCommon(_Strict):
     enabled: bool = Field(True, description="false: route by load alone (no hashing, no lookups)")
-    backend: Literal["memory", "redis"] = "memory"
-    redis_url: str | None = Field(
-        None,
-        description="redis://[:password@]host:port/db or rediss:// (TLS); redis+cluster://[:password@]host:port "
-        "(or rediss+cluster://) for a Redis Cluster, any node as the seed (db 0 only)",
+    lookup_deadline_s: float = Field(
+        0.005, gt=0, description="per lookup of the precise index (the approximate one gets twice this); a "
+        "lookup past it counts as no match, so the request is routed by load and our own guesses"
     )
-    redis_namespace: str = Field("kvidx", description="key prefix (and Redis Cluster hash tag) of this pool")
-    redis_timeout_s: float = Field(0.05, gt=0, description="per Redis call; lookups also obey lookup_deadline_s")
-    event_leases: bool = Field(
-        True, description="redis: one replica at a time applies each endpoint's KV events (lease with fencing)"
-    )
-    event_lease_ttl_s: float = Field(
-        2.0, ge=0.3, description="redis: a dead replica's event streams fail over within about this + 0.3 s"
-    )
-    lookup_deadline_s: float = Field(0.005, gt=0)
     approx_ttl_s: float = Field(600.0, gt=0, description="approximate entries expire after this")
     approx_capacity_blocks: int = Field(
         20000, gt=0, description="per endpoint, when its KV capacity is not discovered"
     )
     burst_mark_ttl_s: float = Field(2.0, gt=0, description="sibling marks on event-fed endpoints")
     max_blocks: int = Field(8192, gt=0, description="hash at most this many leading blocks per request")
+
+
+class MemoryIndexConfig(_IndexCommon):
+    """The index in this replica's memory (one replica)."""
+
+    backend: Literal["memory"] = Field("memory", description="memory: this replica's own index (the default)")
+
+
+class LeasesConfig(_Strict):
+    enabled: bool = Field(True, description="one replica at a time applies each endpoint's KV events (fencing)")
+    ttl_s: float = Field(
+        2.0, ge=0.3, description="a dead replica's event streams fail over within about this + 0.3 s"
+    )
+
+
+class RedisIndexConfig(_IndexCommon):
+    """The precise index (and a mirror of our guesses, and the in-flight load) in Redis, shared by replicas."""
+
+    backend: Literal["redis"] = Field(description="redis: shared by every replica naming the same url/namespace")
+    url: str = Field(
+        description="redis://[:password@]host:port/db or rediss:// (TLS); redis+cluster://[:password@]host:port "
+        "(or rediss+cluster://) for a Redis Cluster, any node as the seed (db 0 only)",
+    )
+    namespace: str = Field("kvidx", description="key prefix (and Redis Cluster hash tag) of this pool")
+    timeout_s: float = Field(0.05, gt=0, description="per Redis call; lookups also obey lookup_deadline_s")
+    leases: LeasesConfig = Field(LeasesConfig(), description="who applies each endpoint's KV events")
+
+    @field_validator("url")
+    @classmethod
+    def _cluster_db(cls, url: str) -> str:
+        if url.split("://", 1)[0].lower().endswith("+cluster") and urlsplit(url).path.strip("/") not in ("", "0"):
+            raise ValueError("a Redis Cluster has only db 0")
+        return url
+
+
+# Old flat spellings (before the backend union) -> where they live now.
+_DEPRECATED_INDEX_FIELDS = {
+    "redis_url": ("url",),
+    "redis_namespace": ("namespace",),
+    "redis_timeout_s": ("timeout_s",),
+    "event_leases": ("leases", "enabled"),
+    "event_lease_ttl_s": ("leases", "ttl_s"),
+}
+
+
+def _upgrade_index(raw: Any) -> Any:
+    """Accept the old flat spellings (``index.redis_url`` ...), each with a deprecation warning naming the new
+    one; ``backend`` defaults to memory. The old Redis fields were ignored with the memory backend, and still
+    are."""
+    if not isinstance(raw, dict):
+        return raw
+    out = dict(raw)
+    out.setdefault("backend", "memory")
+    for old, path in _DEPRECATED_INDEX_FIELDS.items():
+        if old not in out:
+            continue
+        value = out.pop(old)
+        new = "index." + ".".join(path)
+        if out["backend"] != "redis":
+            warnings.warn(f"index.{old} is deprecated and ignored without backend: redis", FutureWarning, 2)
+            continue
+        warnings.warn(f"index.{old} is deprecated: write {new}", FutureWarning, stacklevel=2)
+        target = out
+        for key in path[:-1]:
+            target[key] = target = dict(target.get(key) or {})
+        target.setdefault(path[-1], value)
+    return out
+
+
+IndexConfig = Annotated[
+    MemoryIndexConfig | RedisIndexConfig, Field(discriminator="backend"), BeforeValidator(_upgrade_index)
+]
 
 
 class TokenizerConfig(_Strict):
@@ -331,7 +393,7 @@ class RouterConfig(_Strict):
     scrape: ScrapeConfig = Field(ScrapeConfig(), description="reading each endpoint's /metrics and /v1/models")
     scheduling: SchedulingConfig = Field(SchedulingConfig(), description="how the pick is made")
     tenants: TenantsConfig = Field(TenantsConfig(), description="tenant classes, by the fairness header")
-    index: IndexConfig = IndexConfig()
+    index: IndexConfig = Field(MemoryIndexConfig(), description="the prefix index: memory, or redis (shared)")
     limits: LimitsConfig = Field(LimitsConfig(), description="bounds on request size and tokenization")
     protocol: ProtocolConfig = Field(ProtocolConfig(), description="ext_proc stream behaviour")
     logging: LoggingConfig = Field(LoggingConfig(), description="log level and what decision lines carry")
@@ -352,11 +414,6 @@ class RouterConfig(_Strict):
         names = [m.name for m in self.models] + [lo.name for m in self.models for lo in m.loras]
         if len(set(names)) != len(names):
             raise ValueError("model and adapter names must be unique")
-        if self.index.backend == "redis" and not self.index.redis_url:
-            raise ValueError("index.redis_url is required with index.backend=redis")
-        url = self.index.redis_url or ""
-        if url.split("://", 1)[0].lower().endswith("+cluster") and urlsplit(url).path.strip("/") not in ("", "0"):
-            raise ValueError("index.redis_url: a Redis Cluster has only db 0")
         return self
 
 

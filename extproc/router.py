@@ -22,11 +22,11 @@ from extproc import wire
 from extproc.backends.inflight import InflightLoad
 from extproc.backends.load import snapshot
 from extproc.backends.registry import EndpointRecord, EndpointRegistry
-from extproc.backends.shared_load import SharedLoad, SharedLoadUnavailable
 from extproc.errors import NoEndpoint, RouterError
 from extproc.kvcache.hashing import Unhashable
 from extproc.kvcache.index import Chain, IndexUnavailable, PrefixIndex
 from extproc.observability import PhaseTimer, RouterMetrics
+from extproc.redis.shared_load import SharedLoad, SharedLoadUnavailable
 from extproc.scheduling.filters import eligible
 from extproc.scheduling.profiles import Profile
 from extproc.types import (
@@ -45,11 +45,14 @@ from extproc.types import (
 )
 
 log = logging.getLogger("extproc.decision")
+_log = logging.getLogger(__name__)  # not decision lines: what went wrong on the way to one
 
 _LOGGED_BODY_BYTES = 512
 _INLINE_HASH_BLOCKS = 256  # more uncached blocks than this (~0.6 ms+) are hashed off the event loop
 _SERVED_MEMORY = 1024  # picks remembered until Envoy reports the served endpoint (oldest forgotten first)
 _FROM_ROOT = Chain.from_root()  # a prompt's block hashes start at its first block
+_MISSED_LOG_EVERY_S = 10.0  # a lookup that missed its deadline is logged at INFO at most this often per index
+_DRAIN_S = 1.0  # how long ``drain`` lets background writes finish before cancelling them
 
 
 class Preparer(Protocol):
@@ -112,12 +115,13 @@ class RouterDeps:
     inflight: InflightLoad
     precise: PrefixIndex
     approx: PrefixIndex
-    is_precise: Callable[[EndpointId], bool]  # endpoint has a live, trusted event stream
+    # the endpoints with a live, trusted, confirmed event stream: taken once per request (one snapshot)
+    precise_endpoints: Callable[[], frozenset[EndpointId]]
     profile: Profile
     metrics: RouterMetrics
     executor: Executor  # for hashing long prompts: its own thread, never queued behind tokenization
     shared_load: SharedLoad | None = None  # in-flight load shared with the other replicas (Redis)
-    # endpoint's events will report what it stores (even while cold after a purge); None: ``is_precise``
+    # endpoint's events will report what it stores (even while cold after a purge); None: precise ones
     has_live_events: Callable[[EndpointId], bool] | None = None
 
 
@@ -137,6 +141,7 @@ class Router:
         self._rng = rng or random.Random()
         self._clock = clock
         self._background: set[asyncio.Task[None]] = set()
+        self._missed: dict[str, tuple[float, int]] = {}  # index name -> (last INFO line at, misses since)
         # {request_id: (primary pick, its block hashes)}, bounded by _SERVED_MEMORY
         self._picked: OrderedDict[str, tuple[EndpointId, Sequence[BlockHash]]] = OrderedDict()
 
@@ -151,12 +156,12 @@ class Router:
             return PassThrough()
         timer = PhaseTimer(self._clock)
         try:
-            decision, routing = await self._decide(request, timer)
+            decision, routing, precise = await self._decide(request, timer)
         except RouterError as exc:
             self._deps.metrics.rejections.labels(str(exc.status)).inc()
             log.info(json.dumps({"request_id": request.request_id, "rejected": exc.status, "error": exc.message}))
             raise
-        self._record(routing, decision)
+        self._record(routing, decision, precise)
         if self._settings.track_served:
             self._remember(request.request_id, decision.endpoints[0], routing.block_hashes)
         timer.mark("total_end")
@@ -170,7 +175,9 @@ class Router:
             },
         )
 
-    async def _decide(self, request: HttpRequest, timer: PhaseTimer) -> tuple[Decision, RoutingRequest]:
+    async def _decide(
+        self, request: HttpRequest, timer: PhaseTimer
+    ) -> tuple[Decision, RoutingRequest, frozenset[EndpointId]]:
         prepared = await self._deps.preparer.prepare(request, self._tokenize_budget(request))
         timer.mark("tokenize", split_first=("parse", prepared.parse_s))
         scheme = self._deps.scheme_for(prepared.base_model)
@@ -193,12 +200,16 @@ class Router:
         if not endpoints:
             raise NoEndpoint("no eligible endpoint serves this model")
         ids = [e.id for e in endpoints]
-        matches, shared = await asyncio.gather(self._lookup(hashes, ids), self._shared_queued(ids))
+        precise = self._deps.precise_endpoints()  # one view for the whole request
+        matches, shared = await asyncio.gather(self._lookup(hashes, ids, precise), self._shared_queued(ids))
         timer.mark("lookup")
-        candidates = [self._candidate(states[e.id], matches.get(e.id, 0), shared.get(e.id, 0.0)) for e in endpoints]
+        candidates = [
+            self._candidate(states[e.id], matches.get(e.id, 0), shared.get(e.id, 0.0), e.id in precise)
+            for e in endpoints
+        ]
         decision = self._deps.profile.decide(routing, candidates, self._rng)
         timer.mark("score")
-        return decision, routing
+        return decision, routing, precise
 
     def _tokenize_budget(self, request: HttpRequest) -> float | None:
         """Seconds left for tokenizing (the answer budget less the time since the first message), or None when
@@ -225,17 +236,18 @@ class Router:
             log.debug("request without block keys, routing by load: %s", exc)
             return []
 
-    async def _lookup(self, hashes: Sequence[BlockHash], endpoints: Sequence[EndpointId]) -> dict[EndpointId, int]:
+    async def _lookup(
+        self, hashes: Sequence[BlockHash], endpoints: Sequence[EndpointId], precise: frozenset[EndpointId]
+    ) -> dict[EndpointId, int]:
         """Leading cached blocks per endpoint: event-fed endpoints from the precise index (plus our short-lived
         burst marks), the others from the approximate index. A slow or failed index counts as no match."""
         if not hashes:
             return {}
-        precise = [e for e in endpoints if self._deps.is_precise(e)]
         deadline_s = self._settings.lookup_deadline_s
         # The approximate index answers from memory (a Redis mirror, if any, has its own shorter timeout inside),
         # so it gets twice the deadline: a busy event loop must not throw our own guesses away with the mirror.
         exact, approx = await asyncio.gather(
-            self._match("precise", self._deps.precise, hashes, precise, deadline_s),
+            self._match("precise", self._deps.precise, hashes, [e for e in endpoints if e in precise], deadline_s),
             self._match("approx", self._deps.approx, hashes, endpoints, 2 * deadline_s),
         )
         return {e: max(exact.get(e, 0), approx.get(e, 0)) for e in endpoints}
@@ -255,7 +267,7 @@ class Router:
             return await asyncio.wait_for(index.match(hashes, endpoints), deadline_s)
         except (TimeoutError, IndexUnavailable) as exc:
             self._deps.metrics.index_failures.labels(name).inc()
-            log.debug("index %s lookup failed: %s", name, exc)
+            self._lookup_missed(name, exc)
             return {}
 
     async def _shared_queued(self, endpoints: Sequence[EndpointId]) -> Mapping[EndpointId, float]:
@@ -266,14 +278,29 @@ class Router:
             return await asyncio.wait_for(self._deps.shared_load.queued(endpoints), self._settings.lookup_deadline_s)
         except (TimeoutError, SharedLoadUnavailable) as exc:
             self._deps.metrics.index_failures.labels("shared_load").inc()
-            log.debug("shared load read failed: %s", exc)
+            self._lookup_missed("shared_load", exc)
             return {}
 
-    def _candidate(self, record: EndpointRecord, cached_blocks: int, shared_queued: float = 0.0) -> Candidate:
-        load = snapshot(record, self._deps.inflight, shared_queued, self._clock(), self._settings.stale_after_s)
-        return Candidate(record.endpoint, load, cached_blocks, precise=self._deps.is_precise(record.endpoint.id))
+    def _lookup_missed(self, name: str, exc: Exception) -> None:
+        """A lookup past its deadline (or failed) moves requests away from their cached prefix: say so at INFO,
+        at most once per ``_MISSED_LOG_EVERY_S`` per index, with how many were missed meanwhile."""
+        now = self._clock()
+        last, missed = self._missed.get(name, (float("-inf"), 0))
+        if now - last < _MISSED_LOG_EVERY_S:
+            self._missed[name] = (last, missed + 1)
+            return
+        self._missed[name] = (now, 0)
+        why = f"no answer within {self._settings.lookup_deadline_s}s" if isinstance(exc, TimeoutError) else str(exc)
+        _log.info("%s lookup failed (%s): routed as if nothing were cached there; %d more since the last such line",
+                  name, why, missed)  # fmt: skip
 
-    def _record(self, routing: RoutingRequest, decision: Decision) -> None:
+    def _candidate(
+        self, record: EndpointRecord, cached_blocks: int, shared_queued: float = 0.0, precise: bool = False
+    ) -> Candidate:
+        load = snapshot(record, self._deps.inflight, shared_queued, self._clock(), self._settings.stale_after_s)
+        return Candidate(record.endpoint, load, cached_blocks, precise=precise)
+
+    def _record(self, routing: RoutingRequest, decision: Decision, precise: frozenset[EndpointId]) -> None:
         """What we just routed becomes load and (approximate) cache state on the pick, before the next request."""
         pick = decision.endpoints[0]
         uncached = max(routing.prompt_tokens - decision.cached_tokens, 0)
@@ -283,8 +310,8 @@ class Router:
         if routing.block_hashes:
             # Where events will report the blocks (a cold event-fed endpoint included), our record only bridges
             # the moment until they do: a short burst mark, never a 600 s guess that its BlockRemoved cannot undo.
-            live = self._deps.has_live_events or self._deps.is_precise
-            ttl = self._settings.burst_mark_ttl_s if live(pick) else self._settings.approx_ttl_s
+            live = self._deps.has_live_events(pick) if self._deps.has_live_events else pick in precise
+            ttl = self._settings.burst_mark_ttl_s if live else self._settings.approx_ttl_s
             self._spawn(self._deps.approx.store(pick, routing.block_hashes, ttl_s=ttl, chain=_FROM_ROOT))
 
     def _remember(self, request_id: str, pick: EndpointId, hashes: Sequence[BlockHash]) -> None:
@@ -310,6 +337,17 @@ class Router:
         log.info(json.dumps({"request_id": request_id, "picked": pick, "served": endpoint}))
         if hashes and endpoint in self._deps.registry.snapshot():
             self._spawn(self._deps.approx.store(endpoint, hashes, ttl_s=self._settings.approx_ttl_s, chain=_FROM_ROOT))
+
+    async def drain(self) -> None:
+        """Let the background writes (approximate index, shared load) finish, bounded, then cancel the rest.
+        When: at shutdown, after the server stopped taking requests."""
+        tasks = list(self._background)
+        if tasks:
+            await asyncio.wait(tasks, timeout=_DRAIN_S)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
 
     def _spawn(self, coro: object) -> None:
         async def run() -> None:

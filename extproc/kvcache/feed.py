@@ -1,93 +1,52 @@
-"""The precise index's write path, assembled: KV-event sources from config → subscriber → ingest → index.
+"""The precise index's write path, assembled: KV-event sources → subscriber → ingest → index.
 
-``EventFeed`` owns the subscriber. Each endpoint whose config names a ``kv_events`` publisher is followed; the
-router asks ``is_precise(endpoint)`` per request to choose between the precise index and our own guesses.
+``EventFeed`` owns the subscriber and the ingest. The composition root tells it which endpoints to
+``follow``/``unfollow``; the router takes ``precise_endpoints()`` once per request to choose, per endpoint,
+between the precise index and our own guesses.
 
-A purge (engine restart, unreplayable gap, reconnect, ``AllBlocksCleared``) also clears the endpoint's
-*approximate* entries: a restarted engine holds nothing, and neither our guesses nor our burst marks may
-outlive that.
-
-With ``leases`` (replicas sharing a Redis index) only the lease holder writes an endpoint's events to the
-shared index (``lease.py``); every replica still follows every stream, and purges still clear its own
-approximate entries.
+Ingest clears the endpoint's *approximate* entries on a real purge (``ingest.py``). With ``leases`` (replicas
+sharing a Redis index) ``writes`` is the leases' fenced view of the shared index: only the lease holder writes
+an endpoint's events there (``extproc/redis/leases.py``); every replica still follows every stream, and purges
+still clear its own approximate entries.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
-from extproc.config import EndpointConfig
-from extproc.kvcache.index import Chain, PrefixIndex
+from extproc.kvcache.gate import IndexWrites, WriteGate
+from extproc.kvcache.index import PrefixIndex
 from extproc.kvcache.ingest import Ingest
-from extproc.kvcache.lease import StreamLeases
 from extproc.kvcache.subscriber import EventSource, KvEventSubscriber, SubscriberOptions
-from extproc.types import BlockHash, EndpointId, HashScheme
+from extproc.types import EndpointId, HashScheme
 
 
-class _ClearsBoth:
-    """The precise index as ingest sees it: writes go to ``precise``; ``clear`` empties ``approx`` too.
+class Leases(WriteGate, Protocol):
+    """A ``WriteGate`` with its own keeper task (``StreamLeases``)."""
 
-    Except when the purge only repeats one the index could not take (``index_retry``): then the engine's cache
-    did not change, and the guesses we made while the index was down are still our best knowledge. ``approx``
-    is cleared first, so a purge for a real engine event clears our guesses even when the precise index is down.
-    """
+    def start(self) -> None: ...
 
-    def __init__(self, precise: PrefixIndex, approx: PrefixIndex, index_retry: Callable[[EndpointId], bool]) -> None:
-        self._precise = precise
-        self._approx = approx
-        self._index_retry = index_retry
-
-    async def match(self, hashes: Sequence[BlockHash], endpoints: Collection[EndpointId]) -> Mapping[EndpointId, int]:
-        return await self._precise.match(hashes, endpoints)
-
-    async def store(
-        self, endpoint: EndpointId, hashes: Sequence[BlockHash], *,
-        ttl_s: float | None = None, chain: Chain | None = None
-    ) -> None:
-        await self._precise.store(endpoint, hashes, ttl_s=ttl_s, chain=chain)
-
-    async def remove(self, endpoint: EndpointId, hashes: Sequence[BlockHash]) -> None:
-        await self._precise.remove(endpoint, hashes)
-
-    async def clear(self, endpoint: EndpointId) -> None:
-        if not self._index_retry(endpoint):
-            await self._approx.clear(endpoint)
-        await self._precise.clear(endpoint)
-
-    async def close(self) -> None:  # the App closes both indexes itself
-        return None
-
-
-def sources_from_config(endpoints: Iterable[EndpointConfig]) -> list[EventSource]:
-    """One ``EventSource`` per endpoint whose config names a KV-event publisher."""
-    return [
-        EventSource(
-            endpoint=EndpointId(e.address),
-            address=e.kv_events.endpoint,
-            replay_address=e.kv_events.replay_endpoint,
-            topic=e.kv_events.topic,
-        )
-        for e in endpoints
-        if e.kv_events is not None
-    ]
+    async def close(self) -> None: ...
 
 
 class EventFeed:
-    """Follows every configured KV-event source; ``is_precise`` is the router's per-request switch."""
+    """Follows KV-event sources; ``precise_endpoints`` is the router's per-request snapshot."""
 
     def __init__(
         self,
         sources: Sequence[EventSource],
-        precise: PrefixIndex,
+        writes: IndexWrites,
         approx: PrefixIndex,
         scheme_for: Callable[[EndpointId], HashScheme | None],
         options: SubscriberOptions | None = None,
-        leases: StreamLeases | None = None,
+        leases: Leases | None = None,
     ) -> None:
+        """``sources``: followed from ``start``; ``writes``: the precise index (with ``leases``: their fenced
+        view of it, ``StreamLeases.writes``)."""
         self._sources = list(sources)
         self.leases = leases
-        writes = precise if leases is None else leases.writes()
-        self.ingest = Ingest(_ClearsBoth(writes, approx, lambda e: self.ingest.state(e).needs_purge), scheme_for)
+        self.ingest = Ingest(writes, scheme_for, approx=approx)
         self.subscriber = KvEventSubscriber(self.ingest, options=options, gate=leases)
 
     def start(self) -> None:
@@ -95,10 +54,26 @@ class EventFeed:
         if self.leases is not None:
             self.leases.start()
         for source in self._sources:
+            self.follow(source)
+
+    def follow(self, source: EventSource) -> None:
+        """Start following ``source`` (a no-op if its endpoint is followed already)."""
+        if not self.subscriber.follows(source.endpoint):
             self.subscriber.add(source)
+
+    def follows(self, endpoint: EndpointId) -> bool:
+        return self.subscriber.follows(endpoint)
+
+    async def unfollow(self, endpoint: EndpointId) -> None:
+        """Stop following ``endpoint`` (it left the pool). Its index entries are the caller's to clear."""
+        await self.subscriber.remove(endpoint, clear=False)
 
     def is_precise(self, endpoint: EndpointId) -> bool:
         return self.subscriber.is_precise(endpoint)
+
+    def precise_endpoints(self) -> frozenset[EndpointId]:
+        """The endpoints whose precise-index entries are the truth now (``KvEventSubscriber.is_precise``)."""
+        return self.subscriber.precise_endpoints()
 
     def has_live_events(self, endpoint: EndpointId) -> bool:
         return self.subscriber.has_live_events(endpoint)

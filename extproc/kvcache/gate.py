@@ -1,16 +1,22 @@
 """The write gate: who applies an endpoint's KV-event stream to a shared index (the subscriber's side of it).
 
-``KvEventSubscriber`` takes an optional ``WriteGate``; ``lease.StreamLeases`` is the one implementation
-(leases with fencing in Redis). Without one, the subscriber always writes (one replica, in-memory index).
+``KvEventSubscriber`` takes an optional ``WriteGate``; ``extproc.redis.leases.StreamLeases`` is the one
+implementation (leases with fencing in Redis). Without one, the subscriber always writes (one replica).
+
+``IndexWrites`` is how ingest writes: any ``PrefixIndex`` is one (every write lands, or raises
+``IndexUnavailable``); the leases' fenced view is another, whose writes answer False when this replica may
+not make them (another replica holds the endpoint's lease).
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from extproc.types import EndpointId
+from extproc.kvcache.index import Chain
+from extproc.types import BlockHash, EndpointId
 
 
 def digest(payload: bytes) -> bytes:
@@ -28,6 +34,28 @@ class Position:
     def matches(self, seq: int, payload: bytes) -> bool:
         """Whether (``seq``, ``payload``) is that batch, from the same engine process."""
         return seq == self.seq and digest(payload) == self.digest
+
+
+@dataclass(frozen=True, slots=True)
+class SharedState:
+    """What the shared index holds for one endpoint: its stored position (None: none) and how many blocks."""
+
+    position: Position | None
+    entries: int
+
+
+class IndexWrites(Protocol):
+    """Ingest's writes to the precise index. ``None`` or True: written; False: not this replica's to write
+    (skipped, counted by the gate). Raises ``IndexUnavailable`` when the write was lost."""
+
+    async def store(
+        self, endpoint: EndpointId, hashes: Sequence[BlockHash], *,
+        ttl_s: float | None = None, chain: Chain | None = None
+    ) -> bool | None: ...
+
+    async def remove(self, endpoint: EndpointId, hashes: Sequence[BlockHash]) -> bool | None: ...
+
+    async def clear(self, endpoint: EndpointId) -> bool | None: ...
 
 
 class WriteGate(Protocol):
@@ -58,6 +86,19 @@ class WriteGate(Protocol):
         """The stored last applied batch (None: none stored, or Redis did not answer)."""
         ...
 
+    async def shared_state(self, endpoint: EndpointId) -> SharedState | None:
+        """The stored position and the shared index's block count for ``endpoint`` (None: Redis did not
+        answer). A replica that is not the writer asks it to learn whether the writer's index is in step with
+        the engine it hears (``KvEventSubscriber``'s "confirmed")."""
+        ...
+
     async def applied(self, endpoint: EndpointId, seq: int, payload: bytes) -> None:
         """Batch ``seq`` is applied (or deliberately skipped): store it as the position, if the writer."""
         ...
+
+
+def in_step(shared: SharedState, seen: Mapping[int, bytes]) -> bool:
+    """Whether the shared index is known to reflect the engine behind ``seen``: it holds nothing for the
+    endpoint (no phantom is possible), or its stored position is a batch of that very engine process."""
+    pos = shared.position
+    return shared.entries == 0 or (pos is not None and seen.get(pos.seq) == pos.digest)

@@ -1,7 +1,15 @@
 """Apply one endpoint's decoded KV events to a ``PrefixIndex``, with the self-check that earns them trust.
 
 Called by the subscriber, per endpoint, strictly in sequence order (one coroutine per endpoint, so calls for
-one endpoint never overlap). Writes only through the ``PrefixIndex`` interface, so it works on every backend.
+one endpoint never overlap). Writes only through ``IndexWrites`` (any ``PrefixIndex``, or the leases' fenced
+view of the shared one), so it works on every backend. ``apply`` and ``purge`` return an ``Outcome``: the
+subscriber commits a stream's position only on ``APPLIED``.
+
+A real purge (start, reconnect, restart, unreplayable gap, removal) and an ``AllBlocksCleared`` also clear the
+endpoint's *approximate* entries (``approx``): a restarted engine holds nothing, and neither our guesses nor
+our burst marks may outlive that. A purge that only retries one the index could not take does not: the
+engine's cache did not change, and the guesses made while the index was down are still our best knowledge.
+The approximate index is cleared first, so a real purge clears our guesses even while the precise one is down.
 
 What is indexed: GPU-tier (``medium`` None or ``"GPU"``), full-attention (``kind`` None or
 ``"full_attention"``) blocks. Offload tiers (CPU/STORAGE) and other KV groups (sliding window, Mamba) are
@@ -25,11 +33,13 @@ before its next batch is applied; until it succeeds the endpoint stays cold.
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from extproc.kvcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KvEvent
+from extproc.kvcache.gate import IndexWrites
 from extproc.kvcache.hashing import BlockHasher
 from extproc.kvcache.index import Chain, IndexUnavailable, PrefixIndex
 from extproc.types import BlockHash, EndpointId, HashScheme
@@ -59,15 +69,29 @@ class IngestCounters:
     index_errors: int = 0
 
 
+class Outcome(enum.Enum):
+    """What became of a batch or a purge in the index."""
+
+    APPLIED = "applied"  # every write reached the index (or there was none to make)
+    SKIPPED = "skipped"  # some writes were not this replica's to make (another replica's lease)
+    WRITE_LOST = "write_lost"  # the index did not answer: a purge is retried before the next batch
+
+
+@dataclass(frozen=True, slots=True)
+class IngestStatus:
+    """What ingest knows about one endpoint's entries, for the subscriber's ``status``."""
+
+    trusted: bool  # its hashes passed the self-check (or were never contradicted)
+    cold: bool  # purged or cleared and not refilled yet
+
+
 @dataclass
-class EndpointState:
-    """What ingest knows about one endpoint; read by the subscriber's ``status``."""
+class _EndpointState:
 
     trusted: bool = True
     cold: bool = True
     needs_purge: bool = False
     full_attention_group: int | None = None
-    selfchecks_passed: int = 0
 
 
 _Segments = list[tuple[int, BlockHash | None]]  # a store's Chain segments: (first index, parent)
@@ -77,67 +101,97 @@ _Op = tuple[str, list[BlockHash], _Segments | None]  # ("store" | "remove" | "cl
 class Ingest:
     """Applies event batches to ``index``; ``scheme_for(endpoint)``: its HashScheme (None: no self-check)."""
 
-    def __init__(self, index: PrefixIndex, scheme_for: Callable[[EndpointId], HashScheme | None]) -> None:
+    def __init__(
+        self,
+        index: IndexWrites,
+        scheme_for: Callable[[EndpointId], HashScheme | None],
+        *,
+        approx: PrefixIndex | None = None,
+    ) -> None:
+        """``approx``: our own guesses about the same endpoints, cleared by real purges (module docstring)."""
         self.index = index
+        self.approx = approx
         self.scheme_for = scheme_for
         self.counters = IngestCounters()
-        self._states: dict[EndpointId, EndpointState] = {}
+        self._states: dict[EndpointId, _EndpointState] = {}
         self._hashers: dict[HashScheme, BlockHasher | None] = {}  # None: scheme not reproducible here
 
-    def state(self, endpoint: EndpointId) -> EndpointState:
-        """This endpoint's state (created cold and trusted on first use)."""
+    def status(self, endpoint: EndpointId) -> IngestStatus:
+        """Whether ``endpoint``'s hashes are trusted and whether it is cold (an unseen one: trusted, cold)."""
+        st = self._states.get(endpoint)
+        return IngestStatus(True, True) if st is None else IngestStatus(st.trusted, st.cold)
+
+    def _state(self, endpoint: EndpointId) -> _EndpointState:
         st = self._states.get(endpoint)
         if st is None:
-            st = self._states[endpoint] = EndpointState()
+            st = self._states[endpoint] = _EndpointState()
         return st
 
     def forget(self, endpoint: EndpointId) -> None:
         """Drop the state of an endpoint that left the pool (its index entries are the caller's to clear)."""
         self._states.pop(endpoint, None)
 
-    async def purge(self, endpoint: EndpointId, reason: str) -> bool:
-        """Clear ``endpoint`` in the index and mark it cold; False (retried later) if the index is down."""
-        st = self.state(endpoint)
+    async def purge(self, endpoint: EndpointId, reason: str) -> Outcome:
+        """The engine's cache is gone or unknown: clear ``endpoint`` in both indexes and mark it cold.
+        ``WRITE_LOST``: the index is down, the purge is retried before the next batch; ``SKIPPED``: another
+        replica writes the shared index for it (its purge is that replica's)."""
+        return await self._purge(endpoint, reason, retry=False)
+
+    async def _purge(self, endpoint: EndpointId, reason: str, *, retry: bool) -> Outcome:
+        st = self._state(endpoint)
         st.cold = True
         self.counters.purges += 1
         try:
-            await self.index.clear(endpoint)
+            written = await self._clear(endpoint, guesses=not retry)
         except IndexUnavailable as exc:
             self.counters.index_errors += 1
             st.needs_purge = True
             log.warning("kv ingest: purge of %s (%s) failed, will retry: %s", endpoint, reason, exc)
-            return False
+            return Outcome.WRITE_LOST
         st.needs_purge = False
-        log.info("kv ingest: purged %s (%s)", endpoint, reason)
-        return True
+        log.info("kv ingest: purged %s (%s%s)", endpoint, reason, "" if written else "; another replica writes it")
+        return Outcome.APPLIED if written else Outcome.SKIPPED
+
+    async def _clear(self, endpoint: EndpointId, *, guesses: bool) -> bool:
+        """Clear the precise index (and, with ``guesses``, the approximate one first); False when skipped."""
+        if guesses and self.approx is not None:
+            await self.approx.clear(endpoint)
+        return await self.index.clear(endpoint) is not False
 
     def mark_complete(self, endpoint: EndpointId) -> None:
         """The endpoint's whole event history has been applied (a bootstrap replay from seq 0): its entries
         are exact, even if there are none, so it is not cold (unless index writes failed on the way)."""
-        st = self.state(endpoint)
+        st = self._state(endpoint)
         if not st.needs_purge:
             st.cold = False
 
-    async def apply(self, endpoint: EndpointId, batch: EventBatch) -> None:
-        """Apply one batch in order. Never raises for index failures (they schedule a purge instead)."""
-        st = self.state(endpoint)
+    async def apply(self, endpoint: EndpointId, batch: EventBatch) -> Outcome:
+        """Apply one batch in order. Never raises for index failures (they schedule a purge instead:
+        ``WRITE_LOST``)."""
+        st = self._state(endpoint)
         self.counters.batches += 1
         self.counters.events += len(batch.events)
         self.counters.unknown_events += batch.unknown_events
-        if st.needs_purge and not await self.purge(endpoint, "retry after index failure"):
-            return
+        outcome = Outcome.APPLIED
+        if st.needs_purge:
+            outcome = await self._purge(endpoint, "retry after index failure", retry=True)
+            if outcome is Outcome.WRITE_LOST:
+                return outcome
         ops = self._plan(endpoint, st, batch.events)
         try:
             for kind, hashes, segments in ops:
-                await self._run(endpoint, st, kind, hashes, segments)
+                if not await self._run(endpoint, st, kind, hashes, segments):
+                    outcome = Outcome.SKIPPED
         except IndexUnavailable as exc:
             self.counters.index_errors += 1
             st.needs_purge, st.cold = True, True
             log.warning("kv ingest: index unavailable while applying %s's events: %s", endpoint, exc)
+            return Outcome.WRITE_LOST
+        return outcome
 
     # -- internals -----------------------------------------------------------------------------------------
 
-    def _plan(self, endpoint: EndpointId, st: EndpointState, events: tuple[KvEvent, ...]) -> list[_Op]:
+    def _plan(self, endpoint: EndpointId, st: _EndpointState, events: tuple[KvEvent, ...]) -> list[_Op]:
         """Filter and self-check the events, coalescing runs of stores / removes into one index call each."""
         ops: list[_Op] = []
         for ev in events:
@@ -159,7 +213,7 @@ class Ingest:
                 ops.append(op)
         return ops
 
-    def _stored(self, endpoint: EndpointId, st: EndpointState, ev: BlockStored) -> _Op | None:
+    def _stored(self, endpoint: EndpointId, st: _EndpointState, ev: BlockStored) -> _Op | None:
         if ev.medium not in (None, _GPU) or ev.kind not in (None, _FULL_ATTENTION):
             self.counters.ignored_events += 1
             return None
@@ -175,7 +229,7 @@ class Ingest:
         segments = [(0, None if ev.parent is None else BlockHash(ev.parent))] if whole else None
         return ("store", [BlockHash(h) for h in ev.block_hashes], segments)
 
-    def _removed(self, st: EndpointState, ev: BlockRemoved) -> _Op | None:
+    def _removed(self, st: _EndpointState, ev: BlockRemoved) -> _Op | None:
         other_group = (
             ev.group_idx is not None
             and st.full_attention_group is not None
@@ -186,7 +240,7 @@ class Ingest:
             return None
         return ("remove", [BlockHash(h) for h in ev.block_hashes], None)
 
-    def _maybe_selfcheck(self, endpoint: EndpointId, st: EndpointState, ev: BlockStored) -> None:
+    def _maybe_selfcheck(self, endpoint: EndpointId, st: _EndpointState, ev: BlockStored) -> None:
         if ev.parent is not None or ev.lookahead or not ev.block_hashes:
             return
         if ev.extra_keys is not None and any(k is not None for k in ev.extra_keys):
@@ -203,7 +257,6 @@ class Ingest:
             if not st.trusted:
                 log.info("kv ingest: %s self-check passes again; trusting its events", endpoint)
             st.trusted = True
-            st.selfchecks_passed += 1
             return
         self.counters.selfcheck_mismatches += 1
         if st.trusted:
@@ -224,17 +277,19 @@ class Ingest:
         return self._hashers[scheme]
 
     async def _run(
-        self, endpoint: EndpointId, st: EndpointState, kind: str, hashes: list[BlockHash], segments: _Segments | None
-    ) -> None:
+        self, endpoint: EndpointId, st: _EndpointState, kind: str, hashes: list[BlockHash], segments: _Segments | None
+    ) -> bool:
+        """One coalesced write; False when it was not this replica's to make."""
         if kind == "clear":
-            await self.index.clear(endpoint)
+            written = await self._clear(endpoint, guesses=True)
             self.counters.clears += 1
             st.cold = True
         elif kind == "store":
             chain = None if segments is None else Chain(tuple(segments))
-            await self.index.store(endpoint, hashes, chain=chain)
+            written = await self.index.store(endpoint, hashes, chain=chain) is not False
             self.counters.blocks_stored += len(hashes)
             st.cold = False
         else:
-            await self.index.remove(endpoint, hashes)
+            written = await self.index.remove(endpoint, hashes) is not False
             self.counters.blocks_removed += len(hashes)
+        return written

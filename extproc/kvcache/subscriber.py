@@ -16,12 +16,19 @@ Per endpoint (one task, so its batches are applied strictly in order)::
                                 holds the start) -> purge, apply the replayed tail, apply
     bad frames / payload     -> counted, logged (rate-limited), skipped; the stream carries on
 
-With a ``WriteGate`` (``gate.py``; ``lease.py``: replicas sharing a Redis index), only the endpoint's
+With a ``WriteGate`` (``gate.py``; ``extproc/redis/leases.py``: replicas sharing a Redis index), only the endpoint's
 writer writes; the others run the same loop with their index writes skipped. On becoming the writer (and on
 reconnecting as it) the stream resumes instead (``_resume``): replay from the stored last applied batch and
 apply what follows it; if that batch is gone or differs (engine restarted), purge and bootstrap as above.
 After each applied batch (or replayed run) the writer stores its seq as the position. The loop tells the
 gate whether it hears the engine: only a replica that does holds the lease.
+
+**Confirmed** (with a gate): a purge this replica could not write (another replica writes the endpoint, or
+nobody does yet: a backend down past the lease ttl lost its holder) leaves the shared index as the writer left
+it, possibly full of the old engine's blocks. The endpoint is then not precise here until the shared index is
+known to be in step with the engine this replica hears: it holds nothing for the endpoint, or its stored
+position is a batch this replica received from the engine since the purge (``gate.in_step``, checked each
+tick), or this replica becomes the writer and resumes. Until then it is routed on our own guesses.
 
 "Purge" = clear the endpoint's index entries and mark it cold until events refill it (``Ingest.purge``).
 Applying only a *tail* of an engine's history never invents blocks (``replay.contiguous_tail``), so partial
@@ -50,8 +57,8 @@ from zmq.utils.monitor import parse_monitor_message
 
 from extproc.kvcache import replay
 from extproc.kvcache.events import EventDecodeError, ReplayItem, decode_batch, parse_frames
-from extproc.kvcache.gate import WriteGate
-from extproc.kvcache.ingest import Ingest
+from extproc.kvcache.gate import WriteGate, digest, in_step
+from extproc.kvcache.ingest import Ingest, Outcome
 from extproc.tasks import stop_task
 from extproc.types import EndpointId
 
@@ -97,6 +104,7 @@ class StreamStatus:
     last_seq: int | None
     last_event_s: float | None  # monotonic time of the last applied batch; None = never
     writer: bool = True  # this replica writes its events to the index (False: another replica's lease)
+    confirmed: bool = True  # the shared index is known to be in step with this engine (module docstring)
 
 
 @dataclass
@@ -131,6 +139,10 @@ class _Stream:
     last_event_s: float | None = None
     bound_address: str | None = None
     next_warn_s: float = 0.0
+    # None: confirmed. Else seq -> digest of the batches received since a purge this replica could not write.
+    unconfirmed: dict[int, bytes] | None = None
+    next_check_s: float = 0.0  # when to look at the shared index again while unconfirmed
+    committable: bool = True  # the last apply or purge reached the index: its position may be stored
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
 
@@ -172,7 +184,7 @@ class KvEventSubscriber:
             return
         await stop_task(stream.task)
         if clear:
-            await self.ingest.purge(endpoint, "endpoint removed")
+            await self.ingest.purge(endpoint, "endpoint removed")  # the stream is gone: nothing to confirm
         self.ingest.forget(endpoint)
         if self.gate is not None:
             await self.gate.unfollow(endpoint)
@@ -182,7 +194,7 @@ class KvEventSubscriber:
         stream = self._streams.get(endpoint)
         if stream is None:
             return None
-        st = self.ingest.state(endpoint)
+        st = self.ingest.status(endpoint)
         return StreamStatus(
             connected=stream.connections > 0,
             trusted=st.trusted,
@@ -190,14 +202,23 @@ class KvEventSubscriber:
             last_seq=stream.last_seq if stream.last_seq is not None and stream.last_seq >= 0 else None,
             last_event_s=stream.last_event_s,
             writer=self.gate is None or self.gate.is_writer(endpoint),
+            confirmed=stream.unconfirmed is None,
         )
 
     def is_precise(self, endpoint: EndpointId) -> bool:
         """Whether the router may take ``endpoint``'s precise-index entries as the truth: its stream is
-        followed and connected, its hashes are trusted, and it is not cold. Otherwise use the approximate
-        index for it. Cheap; meant for the router's per-request ``is_precise`` callback."""
+        followed and connected, its hashes are trusted, it is not cold, and (with a gate) the shared index is
+        confirmed in step with its engine. Otherwise use the approximate index for it."""
         status = self.status(endpoint)
-        return status is not None and status.connected and status.trusted and not status.cold
+        return status is not None and status.connected and status.trusted and not status.cold and status.confirmed
+
+    def precise_endpoints(self) -> frozenset[EndpointId]:
+        """Every endpoint ``is_precise`` holds for, now: the router takes this once per request."""
+        return frozenset(e for e in list(self._streams) if self.is_precise(e))
+
+    def follows(self, endpoint: EndpointId) -> bool:
+        """Whether ``endpoint``'s events are followed."""
+        return endpoint in self._streams
 
     def has_live_events(self, endpoint: EndpointId) -> bool:
         """Whether ``endpoint``'s stream is followed, connected and trusted, cold or not: what it stores will be
@@ -280,6 +301,12 @@ class KvEventSubscriber:
         self.gate.hearing(endpoint, stream.connections > 0)
         if self.gate.take(endpoint):
             await self._resume(stream)
+        elif stream.unconfirmed is not None and stream.connections > 0 and self._clock() >= stream.next_check_s:
+            stream.next_check_s = self._clock() + _GATE_TICK_S  # one look per tick, not one per message
+            shared = await self.gate.shared_state(endpoint)
+            if shared is not None and in_step(shared, stream.unconfirmed):
+                stream.unconfirmed = None
+                log.info("kv events: %s: the shared index is in step with the engine again", endpoint)
 
     async def _on_monitor(self, stream: _Stream, frames: list[bytes]) -> None:
         event = parse_monitor_message(frames)["event"]
@@ -294,7 +321,7 @@ class KvEventSubscriber:
             if self.gate is not None and self.gate.is_writer(endpoint):
                 await self._resume(stream)
                 return
-            await self.ingest.purge(endpoint, reason)
+            await self._purge(stream, reason)
             await self._bootstrap(stream)
         elif event == zmq.EVENT_DISCONNECTED:
             stream.connections = max(0, stream.connections - 1)
@@ -313,10 +340,10 @@ class KvEventSubscriber:
                 self.counters.duplicates += 1
                 return
             stream.skip_through = None
-        endpoint, last = stream.source.endpoint, stream.last_seq
+        last = stream.last_seq
         if last is not None and seq <= last:  # a new engine process, counting from 0 again
             self.counters.restarts += 1
-            await self.ingest.purge(endpoint, f"sequence went back from {last} to {seq}: engine restart")
+            await self._purge(stream, f"sequence went back from {last} to {seq}: engine restart")
             stream.last_seq, stream.skip_through = None, None
             await self._bootstrap(stream)  # what it published before this message
             if stream.skip_through is not None and seq <= stream.skip_through:
@@ -326,18 +353,34 @@ class KvEventSubscriber:
             self.counters.gaps += 1
             await self._recover(stream, last + 1, seq)
         stream.last_seq = seq
-        await self._apply(stream, payload)
+        await self._apply(stream, seq, payload)
         await self._commit(stream, seq, payload)
 
-    async def _apply(self, stream: _Stream, payload: bytes) -> None:
+    async def _apply(self, stream: _Stream, seq: int, payload: bytes) -> None:
+        seen = stream.unconfirmed
+        if seen is not None:  # what the writer's stored position may prove
+            seen[seq] = digest(payload)
+            if len(seen) > self.options.replay_max_batches:
+                del seen[next(iter(seen))]
         try:
             batch = decode_batch(payload)
         except EventDecodeError as exc:
             self.counters.decode_errors += 1
             self._warn(stream, "undecodable batch skipped: %s", exc)
             return
-        await self.ingest.apply(stream.source.endpoint, batch)
+        outcome = await self.ingest.apply(stream.source.endpoint, batch)
+        stream.committable = outcome is not Outcome.WRITE_LOST
         stream.last_event_s = self._clock()
+
+    async def _purge(self, stream: _Stream, reason: str) -> None:
+        """Purge through ingest. One this replica could not write leaves the endpoint unconfirmed (module
+        docstring); one it wrote itself confirms it."""
+        outcome = await self.ingest.purge(stream.source.endpoint, reason)
+        stream.committable = outcome is not Outcome.WRITE_LOST
+        if self.gate is not None and outcome is Outcome.SKIPPED:
+            stream.unconfirmed = {}
+        elif outcome is Outcome.APPLIED:
+            stream.unconfirmed = None
 
     async def _bootstrap(self, stream: _Stream) -> None:
         """Rebuild the endpoint from the engine's replay buffer, from seq 0 (after a purge)."""
@@ -363,9 +406,9 @@ class KvEventSubscriber:
 
     async def _recover(self, stream: _Stream, start: int, until: int) -> None:
         """Fill the gap [start, until) by replay; if incomplete, purge and apply the replayed tail."""
-        endpoint, address, opt = stream.source.endpoint, stream.source.replay_address, self.options
+        address, opt = stream.source.replay_address, self.options
         if address is None:
-            await self.ingest.purge(endpoint, f"gap {start}..{until - 1} and no replay endpoint")
+            await self._purge(stream, f"gap {start}..{until - 1} and no replay endpoint")
             return
         self.counters.replays += 1
         items = await replay.fetch(
@@ -375,22 +418,21 @@ class KvEventSubscriber:
         if not tail or tail[0].seq != start:
             self.counters.replay_failures += 1
             got = "nothing" if not tail else f"{tail[0].seq}..{tail[-1].seq}"
-            await self.ingest.purge(endpoint, f"replay of {start}..{until - 1} incomplete (got {got})")
+            await self._purge(stream, f"replay of {start}..{until - 1} incomplete (got {got})")
         await self._apply_replayed(stream, tail)
 
     async def _apply_replayed(self, stream: _Stream, items: list[ReplayItem]) -> None:
         self.counters.replayed_batches += len(items)
         for item in items:
-            await self._apply(stream, item.payload)
+            await self._apply(stream, item.seq, item.payload)
         if items:
             await self._commit(stream, items[-1].seq, items[-1].payload)
 
     async def _commit(self, stream: _Stream, seq: int, payload: bytes) -> None:
         """Store ``seq`` as the stream's position (a no-op unless this replica is the writer); not while a
         write failed (a pending purge): a successor must replay from before the lost write."""
-        endpoint = stream.source.endpoint
-        if self.gate is not None and not self.ingest.state(endpoint).needs_purge:
-            await self.gate.applied(endpoint, seq, payload)
+        if self.gate is not None and stream.committable:
+            await self.gate.applied(stream.source.endpoint, seq, payload)
 
     async def _resume(self, stream: _Stream) -> None:
         """As the new writer: replay from the stored position's batch (checked by its digest) and apply the
@@ -408,6 +450,7 @@ class KvEventSubscriber:
         tail = [] if items is None else replay.contiguous_tail(items)
         if pos is not None and tail and pos.matches(tail[0].seq, tail[0].payload):
             self.counters.resumes += 1
+            stream.unconfirmed = None  # the stored position is a batch of this very engine
             await self._apply_replayed(stream, tail[1:])
             stream.last_seq = stream.skip_through = tail[-1].seq
             log.info("kv events: %s: writer from seq %d, replayed %d batches", endpoint, pos.seq, len(tail) - 1)
@@ -416,7 +459,7 @@ class KvEventSubscriber:
             self.counters.resume_failures += 1
         stream.last_seq, stream.skip_through = None, None
         why = "no stored position" if pos is None else f"seq {pos.seq} not replayable from this engine"
-        await self.ingest.purge(endpoint, f"new writer, {why}")
+        await self._purge(stream, f"new writer, {why}")
         await self._bootstrap(stream)
 
     def _warn(self, stream: _Stream, msg: str, *args: object) -> None:

@@ -39,7 +39,6 @@ class Harness:
     make: Callable[..., Awaitable[PrefixIndex]]
     advance: Callable[[float], Awaitable[None]]
     ttl_unit_s: float  # a TTL short enough to wait out in a test, long enough not to expire by accident
-    supports_capacity: bool
     _made: list[PrefixIndex] = field(default_factory=list)
 
     async def close_all(self) -> None:
@@ -58,12 +57,12 @@ def _memory_harness() -> Harness:
     async def advance(seconds: float) -> None:
         clock.now += seconds
 
-    h = Harness("memory", make, advance, ttl_unit_s=10.0, supports_capacity=True)
+    h = Harness("memory", make, advance, ttl_unit_s=10.0)
     return h
 
 
 def _redis_harness(url: str, name: str = "redis") -> Harness:
-    from extproc.kvcache.redis_index import RedisPrefixIndex
+    from extproc.redis.prefix_index import RedisPrefixIndex
 
     async def make(**kwargs: Any) -> PrefixIndex:
         index = await RedisPrefixIndex.connect(url, namespace=f"t{uuid.uuid4().hex[:10]}", **kwargs)
@@ -73,7 +72,7 @@ def _redis_harness(url: str, name: str = "redis") -> Harness:
     async def advance(seconds: float) -> None:
         await asyncio.sleep(seconds)
 
-    h = Harness(name, make, advance, ttl_unit_s=1.0, supports_capacity=True)  # margin for busy CI
+    h = Harness(name, make, advance, ttl_unit_s=1.0)  # margin for busy CI
     return h
 
 

@@ -13,9 +13,10 @@ import redis
 import redis.asyncio as aioredis
 from redis.crc import key_slot
 
-from extproc.backends.shared_load import SharedLoad
-from extproc.kvcache.lease import StreamLeases
-from extproc.kvcache.redis_index import FencedOut, RedisPrefixIndex, redis_client
+from extproc.redis.client import client_for, redis_client
+from extproc.redis.leases import StreamLeases
+from extproc.redis.prefix_index import FencedOut, RedisPrefixIndex
+from extproc.redis.shared_load import SharedLoad
 from extproc.types import BlockHash, EndpointId
 from tests.support.valkey_cluster import ValkeyCluster, command
 
@@ -109,10 +110,11 @@ async def _until(cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
 
 async def test_leases_and_fencing_on_the_cluster(valkey_cluster: ValkeyCluster) -> None:
     ns = f"lease{time.monotonic_ns()}"
-    index_a = await RedisPrefixIndex.connect(valkey_cluster.url, namespace=ns, timeout_s=2.0)
-    index_b = await RedisPrefixIndex.connect(valkey_cluster.url, namespace=ns, timeout_s=2.0)
-    a = StreamLeases(index_a, "a", ttl_s=0.6)
-    b = StreamLeases(index_b, "b", ttl_s=0.6)
+    client_a, client_b = client_for(valkey_cluster.url, 2.0), client_for(valkey_cluster.url, 2.0)
+    index_a = RedisPrefixIndex(client_a, namespace=ns, timeout_s=2.0)
+    index_b = RedisPrefixIndex(client_b, namespace=ns, timeout_s=2.0)
+    a = StreamLeases(client_a, "a", namespace=ns, ttl_s=0.6, timeout_s=2.0)
+    b = StreamLeases(client_b, "b", namespace=ns, ttl_s=0.6, timeout_s=2.0)
     try:
         for leases in (a, b):
             leases.follow(E1)
@@ -120,7 +122,7 @@ async def test_leases_and_fencing_on_the_cluster(valkey_cluster: ValkeyCluster) 
         a.start()
         await _until(lambda: (s := a.status(E1)) is not None and s.token is not None)
         assert a.take(E1)
-        await a.writes().store(E1, H[:4])  # fenced write with a's token: accepted
+        assert await a.writes(index_a).store(E1, H[:4])  # fenced write with a's token: accepted
         first = a.status(E1)
         assert first is not None and first.token is not None
         await a.close()  # releases: b (now hearing the engine) takes over with the next token
@@ -142,8 +144,8 @@ async def test_leases_and_fencing_on_the_cluster(valkey_cluster: ValkeyCluster) 
 async def test_an_unreachable_cluster_is_unavailable_not_a_crash() -> None:
     """redis-py's cluster errors (``RedisClusterException``) are not ``RedisError``s: they must still map to
     the backends' own 'Redis is down' errors, so callers fall back instead of failing the request."""
-    from extproc.backends.shared_load import SharedLoadUnavailable
     from extproc.kvcache.index import IndexUnavailable
+    from extproc.redis.shared_load import SharedLoadUnavailable
     from tests.support.ports import free_port
 
     url = f"redis+cluster://127.0.0.1:{free_port()}"  # nothing listens there
@@ -166,9 +168,9 @@ def test_a_cluster_url_with_a_db_is_refused() -> None:
 
     from tests.fuzz.inproc import router_config
 
-    router_config(index={"backend": "redis", "redis_url": "redis+cluster://127.0.0.1:7000/0"})
+    router_config(index={"backend": "redis", "url": "redis+cluster://127.0.0.1:7000/0"})
     with pytest.raises(ValidationError, match="only db 0"):
-        router_config(index={"backend": "redis", "redis_url": "redis+cluster://127.0.0.1:7000/3"})
+        router_config(index={"backend": "redis", "url": "redis+cluster://127.0.0.1:7000/3"})
 
 
 async def test_the_app_runs_its_index_load_and_leases_on_the_cluster(valkey_cluster: ValkeyCluster) -> None:
@@ -176,7 +178,7 @@ async def test_the_app_runs_its_index_load_and_leases_on_the_cluster(valkey_clus
     from tests.fuzz.inproc import router_config
 
     ns = f"app{time.monotonic_ns()}"
-    index_cfg = {"backend": "redis", "redis_url": valkey_cluster.url, "redis_namespace": ns, "redis_timeout_s": 2.0}
+    index_cfg = {"backend": "redis", "url": valkey_cluster.url, "namespace": ns, "timeout_s": 2.0}
     app = App(router_config(index=index_cfg))
     try:
         assert isinstance(app.precise, RedisPrefixIndex) and app.feed.leases is not None

@@ -289,12 +289,10 @@ async def test_random_operations_agree_with_a_reference(harness: Harness, seed: 
             assert nz(await index.match(query, asked)) == _reference_match(held, query, asked)
 
 
-# -- capacity / LRU (backends that implement it) -------------------------------------------------------------
+# -- capacity / LRU (every backend) -------------------------------------------------------------------------
 
 
 async def test_capacity_evicts_least_recently_stored(harness: Harness) -> None:
-    if not harness.supports_capacity:
-        pytest.skip(f"{harness.name}: capacity is not part of this backend (documented TTL-only)")
     index = await harness.make(capacity_blocks=4)
     a, b, c, d, e = chain(5)
     await index.store(E1, [a, b])
@@ -312,8 +310,6 @@ async def test_capacity_evicts_least_recently_stored(harness: Harness) -> None:
 
 
 async def test_capacity_keeps_the_prefix_of_an_oversized_store(harness: Harness) -> None:
-    if not harness.supports_capacity:
-        pytest.skip(f"{harness.name}: capacity is not part of this backend (documented TTL-only)")
     index = await harness.make(capacity_blocks=3)
     blocks = chain(10)
     await index.store(E1, blocks)
@@ -321,8 +317,6 @@ async def test_capacity_keeps_the_prefix_of_an_oversized_store(harness: Harness)
 
 
 async def test_capacity_is_per_endpoint(harness: Harness) -> None:
-    if not harness.supports_capacity:
-        pytest.skip(f"{harness.name}: capacity is not part of this backend (documented TTL-only)")
     caps = {E1: 2, E2: None}
     index = await harness.make(capacity_blocks=lambda ep: caps.get(ep))
     blocks = chain(6)

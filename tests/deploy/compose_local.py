@@ -169,11 +169,11 @@ def picker_config(stack: LocalStack, config: dict[str, Any], grpc_port: int, met
         for key in ("endpoint", "replay_endpoint"):
             if endpoint.get("kv_events", {}).get(key):
                 endpoint["kv_events"][key] = stack.local(endpoint["kv_events"][key])
-    url = out.get("index", {}).get("redis_url")
+    url = out.get("index", {}).get("url")
     if url:
         match = re.fullmatch(r"redis://([^/]+)(/.*)?", url)
         assert match, url
-        out["index"]["redis_url"] = f"redis://{stack.local(match.group(1))}{match.group(2) or ''}"
+        out["index"]["url"] = f"redis://{stack.local(match.group(1))}{match.group(2) or ''}"
     return out
 
 

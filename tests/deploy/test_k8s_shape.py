@@ -100,7 +100,7 @@ def picker_config(dns_port: int, pods: Pods, grpc: int, metrics: int, redis_port
     dns.update(port=pods.port, nameserver=f"127.0.0.1:{dns_port}", interval_s=0.2)
     dns["kv_events"]["endpoint"] = dns["kv_events"]["endpoint"].replace(":5557", f":{pods.pub}")
     dns["kv_events"]["replay_endpoint"] = dns["kv_events"]["replay_endpoint"].replace(":6557", f":{pods.replay}")
-    config["index"]["redis_url"] = f"redis://127.0.0.1:{redis_port}/0"
+    config["index"]["url"] = f"redis://127.0.0.1:{redis_port}/0"
     return config
 
 

@@ -179,7 +179,7 @@ def test_compose_pickers_redis_and_envoy_agree() -> None:
         assert health[2] == "/app/healthcheck.py" and health[3].endswith(f":{config.listen.grpc_port}")
     assert config.listen.host == "0.0.0.0"
     assert config.index.backend == "redis"
-    match = re.fullmatch(r"redis://([^:/]+):(\d+)/\d+", config.index.redis_url or "")
+    match = re.fullmatch(r"redis://([^:/]+):(\d+)/\d+", getattr(config.index, "url", ""))
     assert match and match.group(1) in services and match.group(2) == "6379"
     assert services[match.group(1)]["command"][0] == "valkey-server"
     listener = envoy_boot["static_resources"]["listeners"][0]["address"]["socket_address"]
@@ -285,7 +285,7 @@ def test_k8s_picker_vllm_and_redis_agree(name: str) -> None:
     assert dns.kv_events.endpoint == kv["endpoint"].replace("*", "{ip}")
     assert dns.kv_events.replay_endpoint == kv["replay_endpoint"].replace("*", "{ip}")
     assert container_port(vllm, "kv-events") == int(kv["endpoint"].rsplit(":", 1)[1])
-    match = re.fullmatch(r"redis://([^:/]+):(\d+)/\d+", config.index.redis_url or "")
+    match = re.fullmatch(r"redis://([^:/]+):(\d+)/\d+", getattr(config.index, "url", ""))
     assert match and match.group(1) == fqdn("redis")
     service_target(objects, "redis", int(match.group(2)))
     probes = container(picker)

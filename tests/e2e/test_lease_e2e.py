@@ -20,8 +20,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bench.stack import UPSTREAM_HOST_HEADER, Stack, StackSpec
-from tests.e2e.conftest import MODEL
+from bench.procs import ManagedProcess
+from bench.stack import HASH_SEED, UPSTREAM_HOST_HEADER, Stack, StackSpec
+from bench.stack_config import REPO
+from tests.e2e.conftest import MODEL, _http_ok
 
 pytestmark = [pytest.mark.envoy, pytest.mark.redis, pytest.mark.slow]
 
@@ -153,8 +155,8 @@ async def load(url: str) -> Any:
 def two_pickers(valkey_url: str, namespace: str) -> StackSpec:
     # A generous lookup deadline: this test is about which replica writes what, and on a loaded CI box a 5 ms
     # deadline sends a probe by load now and then (routing by load is the designed answer to a slow Redis).
-    index = {"backend": "redis", "redis_url": valkey_url, "redis_namespace": namespace,
-             "lookup_deadline_s": 0.25, "redis_timeout_s": 0.25}
+    index = {"backend": "redis", "url": valkey_url, "namespace": namespace,
+             "lookup_deadline_s": 0.25, "timeout_s": 0.25}
     return StackSpec(backends=BACKENDS, pickers=2, kv_events=True, sim_profile="fast", picker_overrides={"index": index})
 
 
@@ -224,3 +226,77 @@ async def test_a_paused_lease_holder_is_deposed_and_stays_out(tmp_path: Path, va
             assert metric(m0, "router_kv_lease_acquired_total") == BACKENDS  # never got them back
             assert metric(m1, "router_kv_lease_lost_total") == 0
             assert metric(m1, "router_kv_stream_resumes_total") == BACKENDS
+
+
+def _held(redis_url: str, namespace: str, endpoint: str) -> int:
+    """How many blocks the shared precise index says ``endpoint`` holds."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return int(client.hlen(f"{{{namespace}}}:h:{endpoint}"))
+    finally:
+        client.close()
+
+
+RESTART_TTL_S = 3.0  # the lease ttl here: the backend stays down longer, so its lease holder lets go
+
+
+async def test_a_backend_down_longer_than_the_lease_ttl_comes_back_without_phantom_cache(
+    tmp_path: Path, valkey_url: str
+) -> None:
+    """RELIABILITY F4 with replicas: a backend down past the lease ttl loses its lease holder (nobody hears it);
+    when it comes back on its port, each replica reconnects and purges, but neither holds the lease yet, so
+    neither purge reached the shared index. The requests sent at once (right after ``/health``, and again once
+    both replicas have bootstrapped the new engine) must not be predicted on the old engine's blocks."""
+    namespace = "lease-e2e-restart"
+    index = {"backend": "redis", "url": valkey_url, "namespace": namespace, "lookup_deadline_s": 0.25,
+             "timeout_s": 0.25, "leases": {"enabled": True, "ttl_s": RESTART_TTL_S}}
+    spec = StackSpec(backends=2, backends_per_sim=1, pickers=2, kv_events=True, sim_profile="fast",
+                     picker_overrides={"index": index})
+    with Stack(spec, tmp_path) as stack:
+        m0, m1 = stack.picker_metrics_urls
+        await until(lambda: all(metric(m, "router_precise_endpoints") == 2 for m in (m0, m1)), 30.0,
+                    "both replicas precise on both backends")  # fmt: skip
+        target, sim = stack.backends[0], stack.sims[0]
+        docs = [f"restart{i}: " + document(f"restart{i}") for i in range(8)]  # 4 per round below
+        async with aiohttp.ClientSession() as session:
+            probes = Probes(stack, session, valkey_url, namespace)
+            for doc in docs:  # straight to the backend: only its KV events (applied by picker 0) say where
+                before = await asyncio.to_thread(probes.applied_seq, target)
+                await post(session, f"http://{target}", doc, "summary?")
+                await probes.applied_since(target, before)
+            assert _held(valkey_url, namespace, target) > 0
+
+            bootstraps = [metric(m, "router_kv_stream_bootstraps_total") for m in (m0, m1)]
+
+            def let_go() -> float:  # leases given up (deaf for a ttl) or lost (not renewed), both replicas
+                names = ("router_kv_lease_released_total", "router_kv_lease_lost_total")
+                return sum(metric(m, name) for m in (m0, m1) for name in names)
+
+            before = let_go()
+            sim.stop()
+            await until(lambda: let_go() > before, 20.0, "the deaf stream's holder lets its lease go")
+            port = target.rpartition(":")[2]
+            argv = [port if a == "0" and prev == "--port" else a for prev, a in zip(["", *sim.argv[:-1]], sim.argv,
+                                                                                    strict=True)]  # same port
+            restarted = ManagedProcess(f"{sim.name}-restarted", argv, tmp_path / "restarted.log", cwd=REPO,
+                                       env={**os.environ, "PYTHONHASHSEED": HASH_SEED})
+            stack.sims[0] = restarted  # the stack stops it
+            restarted.start(lambda: _http_ok(f"http://{target}/health"), 60.0)
+
+            # Each document goes through Envoy once: a second time, our record of the first would rightly
+            # predict the cache that the first left where it was served.
+            async def through_envoy(round_docs: list[str]) -> None:
+                await asyncio.gather(*(post(session, stack.url, doc, "again?") for doc in round_docs))
+                probes.sent += len(round_docs)
+
+            await through_envoy(docs[:4])  # right after /health
+            await until(lambda: all(metric(m, "router_kv_stream_bootstraps_total") > b
+                                    for m, b in zip((m0, m1), bootstraps, strict=True)), 10.0,
+                        "both replicas reconnected and bootstrapped the new engine")  # fmt: skip
+            await through_envoy(docs[4:])  # and once both replicas hear the new engine
+            entries = stack.envoys["picker"].wait_for_access_log(probes.sent)[-len(docs) :]
+        predicted = [(e.reason, e.cached) for e in entries if e.reason]
+        assert predicted, entries  # some were picked (not all met a dead picker: none is killed here)
+        assert all(cached in ("", "0") for _, cached in predicted), f"phantom cache after the restart: {predicted}"

@@ -32,7 +32,7 @@ def valkey_url() -> Iterator[str]:
 
 
 def spec(pickers: int, redis_url: str | None, namespace: str) -> StackSpec:
-    index: dict[str, Any] = {"backend": "redis", "redis_url": redis_url, "redis_namespace": namespace}
+    index: dict[str, Any] = {"backend": "redis", "url": redis_url, "namespace": namespace}
     return StackSpec(backends=4, pickers=pickers, kv_events=True, sim_profile="h100-llama3-8b",
                      picker_overrides={"index": index} if redis_url else {})
 

@@ -94,7 +94,7 @@ async def test_redis_faults_degrade_and_recover(make_stack: StackFactory, tmp_pa
     hold = socket.socket()  # bound, never listening: connections to it are refused (and nobody else takes it)
     hold.bind(("127.0.0.1", 0))
     port = hold.getsockname()[1]
-    index = {"backend": "redis", "redis_url": f"redis://127.0.0.1:{port}/0", "redis_timeout_s": DEADLINE_S,
+    index = {"backend": "redis", "url": f"redis://127.0.0.1:{port}/0", "timeout_s": DEADLINE_S,
              "lookup_deadline_s": DEADLINE_S}  # fmt: skip
     stack = make_stack(2, kv_events=True, picker={"index": index})
     timeout = aiohttp.ClientTimeout(total=15)

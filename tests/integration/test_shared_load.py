@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from extproc.backends.shared_load import SharedLoad, SharedLoadUnavailable
+from extproc.redis.shared_load import SharedLoad, SharedLoadUnavailable
 from extproc.types import EndpointId
 
 pytestmark = pytest.mark.redis

@@ -18,7 +18,7 @@ from extproc.kvcache.events import (
     decode_batch,
 )
 from extproc.kvcache.index import Chain, IndexUnavailable
-from extproc.kvcache.ingest import Ingest
+from extproc.kvcache.ingest import Ingest, Outcome
 from extproc.kvcache.memory_index import MemoryPrefixIndex
 from extproc.types import BlockHash, EndpointId, EngineBlockHash, HashScheme
 
@@ -74,33 +74,33 @@ async def test_golden_batch_applies_in_order() -> None:
     # Without the trailing AllBlocksCleared: stores 0-4, then removes 4.
     await ingest.apply(E, EventBatch(payload.ts, payload.events[:3], payload.dp_rank))
     assert await held(index) == 4
-    st = ingest.state(E)
-    assert (st.trusted, st.cold, st.selfchecks_passed) == (True, False, 1)
+    st = ingest.status(E)
+    assert (st.trusted, st.cold, ingest.counters.selfchecks) == (True, False, 1)
     assert ingest.counters.selfcheck_mismatches == 0
     await ingest.apply(E, payload)  # the whole batch ends with AllBlocksCleared
     assert await held(index) == 0
-    assert ingest.state(E).cold
+    assert ingest.status(E).cold
     assert ingest.counters.clears == 1
 
 
 async def test_selfcheck_mismatch_makes_the_endpoint_untrusted_until_a_check_passes() -> None:
     ingest, index = make(HashScheme(seed="0"))  # router configured with another seed than the engines
     await ingest.apply(E, batch(stored(0, 3)))
-    assert not ingest.state(E).trusted
+    assert not ingest.status(E).trusted
     assert ingest.counters.selfcheck_mismatches == 1
     assert await held(index) == 0  # untrusted stores are skipped
     await ingest.apply(E, batch(stored(3, 2)))  # parent set: cannot check, still untrusted
     assert ingest.counters.untrusted_skips == 2
     ingest.scheme_for = lambda _e: HashScheme()  # configuration fixed
     await ingest.apply(E, batch(stored(0, 3)))
-    assert ingest.state(E).trusted
+    assert ingest.status(E).trusted
     assert await held(index) == 3
 
 
 async def test_selfcheck_catches_block_size_drift() -> None:
     ingest, _ = make(HashScheme(block_size=32))
     await ingest.apply(E, batch(stored(0, 2)))
-    assert not ingest.state(E).trusted
+    assert not ingest.status(E).trusted
 
 
 async def test_selfcheck_skipped_when_not_reproducible() -> None:
@@ -108,13 +108,13 @@ async def test_selfcheck_skipped_when_not_reproducible() -> None:
     await ingest.apply(E, batch(stored(0, 2, extra_keys=(("tenant-a",), None))))  # salted
     await ingest.apply(E, batch(stored(0, 2, lookahead=True)))
     await ingest.apply(E, batch(stored(1, 2)))  # has a parent
-    assert ingest.state(E).trusted and ingest.counters.selfchecks == 0
+    assert ingest.status(E).trusted and ingest.counters.selfchecks == 0
     ingest2, _ = make(None)  # no scheme known for the endpoint
     await ingest2.apply(E, batch(stored(0, 2)))
     assert ingest2.counters.selfchecks == 0
     ingest3, _ = make(HashScheme(algo="xxhash"))  # not reproducible here
     await ingest3.apply(E, batch(stored(0, 2)))
-    assert ingest3.counters.selfchecks == 0 and ingest3.state(E).trusted
+    assert ingest3.counters.selfchecks == 0 and ingest3.status(E).trusted
 
 
 async def test_only_gpu_full_attention_blocks_are_indexed() -> None:
@@ -201,22 +201,22 @@ async def test_index_failure_schedules_a_purge_before_the_next_batch() -> None:
     ingest = Ingest(index, lambda _e: HashScheme())
     await ingest.apply(E, batch(stored(0, 3)))
     index.down = True
-    await ingest.apply(E, batch(stored(3, 2)))  # lost write: must not raise
-    assert ingest.state(E).needs_purge and ingest.state(E).cold
-    await ingest.apply(E, batch(stored(5, 1)))  # purge retried and fails again: batch not applied
+    assert await ingest.apply(E, batch(stored(3, 2))) is Outcome.WRITE_LOST  # lost write: must not raise
+    assert ingest.status(E).cold
+    assert await ingest.apply(E, batch(stored(5, 1))) is Outcome.WRITE_LOST  # purge retried, fails again
     assert ingest.counters.index_errors == 2
     index.down = False
     index.calls.clear()
-    await ingest.apply(E, batch(stored(0, 2)))
+    assert await ingest.apply(E, batch(stored(0, 2))) is Outcome.APPLIED
     assert index.calls == [("clear", 0), ("store", 2)]
-    assert await held(index) == 2 and not ingest.state(E).cold
+    assert await held(index) == 2 and not ingest.status(E).cold
 
 
 @pytest.mark.redis
 async def test_ingest_writes_through_the_redis_backend(valkey_url: str) -> None:
     import uuid
 
-    from extproc.kvcache.redis_index import RedisPrefixIndex
+    from extproc.redis.prefix_index import RedisPrefixIndex
 
     index = await RedisPrefixIndex.connect(valkey_url, namespace=f"i{uuid.uuid4().hex[:8]}")
     try:

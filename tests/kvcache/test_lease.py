@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
 
-from extproc.kvcache.gate import Position, digest
-from extproc.kvcache.lease import StreamLeases
-from extproc.kvcache.redis_index import FencedOut, RedisPrefixIndex
+from extproc.kvcache.gate import Position, SharedState, digest
+from extproc.redis.client import client_for
+from extproc.redis.leases import StreamLeases
+from extproc.redis.prefix_index import FencedOut, RedisPrefixIndex
 from extproc.types import BlockHash, EndpointId
 
 E = EndpointId("10.0.0.7:8000")
@@ -55,8 +56,9 @@ async def make(server_url: str) -> AsyncIterator[Make]:
     async def make_one(
         owner: str, *, ttl_s: float = TTL, clock: Callable[[], float] = time.monotonic, start: bool = True
     ) -> tuple[RedisPrefixIndex, StreamLeases]:
-        index = await RedisPrefixIndex.connect(server_url, namespace=namespace, timeout_s=1.0)
-        leases = StreamLeases(index, owner, ttl_s=ttl_s, clock=clock)
+        client = client_for(server_url, 1.0)  # the index's and the leases' (as the app shares them)
+        index = RedisPrefixIndex(client, namespace=namespace, timeout_s=1.0)
+        leases = StreamLeases(client, owner, namespace=namespace, ttl_s=ttl_s, timeout_s=1.0, clock=clock)
         leases.follow(E)
         leases.hearing(E, True)  # its stream is connected (what the subscriber reports)
         if start:
@@ -106,7 +108,7 @@ async def test_a_deposed_owner_cannot_write(make: Make) -> None:
     index_a, a = await make("a", clock=FrozenClock())  # acquires once, then never renews: expires on the server
     await until(lambda: token(a) is not None, what="a acquires")
     assert a.take(E) and a.is_writer(E)
-    writes_a = a.writes()
+    writes_a = a.writes(index_a)
     await writes_a.store(E, H[:2])
     index_b, b = await make("b")
     await until(lambda: token(b) is not None, what="b takes over")
@@ -130,10 +132,10 @@ async def test_a_deposed_owner_cannot_write(make: Make) -> None:
 async def test_a_non_holder_skips_its_writes(make: Make) -> None:
     index, a = await make("a")
     await until(lambda: token(a) is not None, what="a acquires")
-    _, b = await make("b")
+    index_b, b = await make("b")
     assert not b.take(E) and not b.is_writer(E)
-    await b.writes().store(E, H)
-    await b.writes().clear(E)
+    assert await b.writes(index_b).store(E, H) is False
+    assert await b.writes(index_b).clear(E) is False
     assert b.counters.skipped_writes == 2
     assert await index.match(H, [E]) == {}
 
@@ -159,6 +161,17 @@ async def test_the_position_survives_an_owner_change_and_a_deposed_owner_cannot_
     assert await b.position(E) == Position(8, digest(b"batch 8"))
 
 
+async def test_the_shared_state_is_the_position_and_the_blocks_held(make: Make) -> None:
+    index, a = await make("a")
+    await until(lambda: token(a) is not None, what="a acquires")
+    assert await a.shared_state(E) == SharedState(None, 0)
+    assert a.take(E)
+    assert await a.writes(index).store(E, H[:3]) is True
+    await a.applied(E, 4, b"batch 4")
+    _, b = await make("b")  # what a replica that does not write reads to confirm the writer is in step
+    assert await b.shared_state(E) == SharedState(Position(4, digest(b"batch 4")), 3)
+
+
 async def test_a_writer_whose_lease_ran_out_locally_stops_and_must_resume(make: Make) -> None:
     clock = FrozenClock()
     index, a = await make("a", clock=clock)
@@ -167,7 +180,7 @@ async def test_a_writer_whose_lease_ran_out_locally_stops_and_must_resume(make: 
     assert a.take(E)
     clock.now += TTL  # its renewals stalled (e.g. a slow Redis) until the local view of the lease ran out
     assert not a.is_writer(E)
-    await a.writes().store(E, H)
+    assert await a.writes(index).store(E, H) is False
     assert a.counters.skipped_writes == 1 and await index.match(H, [E]) == {}
     # The keeper notices, acquires again (the server still has it: the same token) and the stream task must
     # resume before writing, so that what it skipped is replayed.
@@ -202,7 +215,8 @@ async def test_tokens_keep_growing_when_redis_loses_the_lease_keys(make: Make, s
     stale = token(a)
     raw = aioredis.Redis.from_url(server_url)
     try:
-        await raw.delete(*index_a.lease_keys(E))  # a Redis restarted empty, or failed over to a lagging replica
+        keys = index_a.schema.endpoint(E)
+        await raw.delete(keys.lease, keys.stream)  # a Redis restarted empty, or failed over to a lagging replica
     finally:
         await raw.aclose()
     _, b = await make("b")
@@ -237,17 +251,19 @@ async def test_only_a_replica_hearing_the_engine_holds_the_lease(make: Make) -> 
 
 
 async def test_the_keeper_survives_an_unexpected_error(valkey_url: str) -> None:
-    class Flaky(RedisPrefixIndex):
+    import redis.asyncio as aioredis
+
+    class Flaky(aioredis.Redis):
         failures = 2
 
-        async def run(self, script: Any, keys: Sequence[bytes], args: Sequence[bytes | str | int]) -> Any:
+        async def evalsha(self, *args: Any, **kwargs: Any) -> Any:  # every lease script call
             if self.failures:
                 self.failures -= 1
                 raise RuntimeError("a bug, not a Redis error")
-            return await super().run(script, keys, args)
+            return await super().evalsha(*args, **kwargs)
 
-    index = Flaky.from_url(valkey_url, namespace=f"lease-{uuid.uuid4().hex[:8]}", timeout_s=1.0)
-    leases = StreamLeases(index, "a", ttl_s=TTL)
+    index = Flaky.from_url(valkey_url)
+    leases = StreamLeases(index, "a", namespace=f"lease-{uuid.uuid4().hex[:8]}", ttl_s=TTL, timeout_s=1.0)
     leases.follow(E)
     leases.hearing(E, True)
     leases.start()
@@ -255,15 +271,15 @@ async def test_the_keeper_survives_an_unexpected_error(valkey_url: str) -> None:
         await until(lambda: token(leases) is not None, what="acquired after two failed ticks")
     finally:
         await leases.close()
-        await index.close()
+        await index.aclose()
 
 
 @pytest.mark.parametrize(
     ("index", "leased"),
     [
         ({"backend": "memory"}, False),
-        ({"backend": "redis", "redis_url": "redis://127.0.0.1:1/0"}, True),
-        ({"backend": "redis", "redis_url": "redis://127.0.0.1:1/0", "event_leases": False}, False),
+        ({"backend": "redis", "url": "redis://127.0.0.1:1/0"}, True),
+        ({"backend": "redis", "url": "redis://127.0.0.1:1/0", "leases": {"enabled": False}}, False),
     ],
     ids=["memory", "redis", "redis-leases-off"],
 )

@@ -17,10 +17,11 @@ import zmq.asyncio
 
 from extproc.kvcache.feed import EventFeed
 from extproc.kvcache.index import Chain, IndexUnavailable
-from extproc.kvcache.lease import StreamLeases
 from extproc.kvcache.memory_index import MemoryPrefixIndex
-from extproc.kvcache.redis_index import RedisPrefixIndex
 from extproc.kvcache.subscriber import EventSource, SubscriberOptions
+from extproc.redis.client import client_for
+from extproc.redis.leases import StreamLeases
+from extproc.redis.prefix_index import RedisPrefixIndex
 from extproc.types import BlockHash, EndpointId, HashScheme
 
 from .vllm_pub import HASHES, FakePublisher, batch, removed, stored
@@ -139,12 +140,13 @@ async def fleet(valkey_url: str) -> AsyncIterator[tuple[Engine, Callable[..., Re
     replicas: list[Replica] = []
 
     def spawn(owner: str, *, deaf: bool = False) -> Replica:
-        index = RecordingIndex.from_url(valkey_url, namespace=namespace, timeout_s=1.0)
-        assert isinstance(index, RecordingIndex)
-        leases = StreamLeases(index, owner, ttl_s=TTL_S)
+        client = client_for(valkey_url, 1.0)  # the index's and the leases' (as the app shares them)
+        index = RecordingIndex(client, namespace=namespace, timeout_s=1.0)
+        leases = StreamLeases(client, owner, namespace=namespace, ttl_s=TTL_S, timeout_s=1.0)
         address = f"ipc:///tmp/nobody-{uuid.uuid4().hex}" if deaf else pub.pub_address
         source = EventSource(E, address, pub.replay_address)
-        feed = EventFeed([source], index, MemoryPrefixIndex(), lambda _e: HashScheme(), OPTIONS, leases=leases)
+        feed = EventFeed([source], leases.writes(index), MemoryPrefixIndex(), lambda _e: HashScheme(), OPTIONS,
+                         leases=leases)
         feed.start()
         replicas.append(replica := Replica(index, leases, feed))
         return replica
@@ -251,7 +253,7 @@ async def test_a_batch_whose_write_failed_is_not_committed(valkey_url: str) -> N
         await engine.pub.publish(batch(stored(4, 4)))  # its store is lost: ingest will purge before the next
         await settle(engine, [a])
         assert (await a.leases.position(E)).seq == ok  # type: ignore[union-attr]
-        assert a.feed.ingest.state(E).needs_purge
+        assert a.feed.ingest.status(E).cold  # until the purge that retries it lands
         last = await engine.pub.publish(batch(stored(0, 2)))
         await settle(engine, [a])
         assert (await a.leases.position(E)).seq == last  # type: ignore[union-attr]

@@ -12,7 +12,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from extproc.kvcache.index import Chain, IndexUnavailable
-from extproc.kvcache.redis_index import RedisPrefixIndex
+from extproc.redis.prefix_index import RedisPrefixIndex
 from extproc.types import BlockHash, EndpointId
 
 pytestmark = pytest.mark.redis
@@ -90,7 +90,7 @@ async def test_keys_share_the_namespace_hash_tag_and_clear_leaves_nothing(valkey
 
 
 async def test_clear_in_slices(index: RedisPrefixIndex, monkeypatch: pytest.MonkeyPatch) -> None:
-    from extproc.kvcache import redis_index
+    from extproc.redis import prefix_index as redis_index
 
     monkeypatch.setattr(redis_index, "_CLEAR_SLICE", 100)
     blocks = hs(1050)
@@ -135,7 +135,7 @@ async def test_mixed_ttls_expire_exactly_and_are_reclaimed_by_match(index: Redis
 async def test_a_backlog_bigger_than_one_drain_is_verified_per_block(
     valkey_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from extproc.kvcache import redis_lua
+    from extproc.redis import scripts as redis_lua
 
     monkeypatch.setattr(redis_lua, "DRAIN_PER_MATCH", 2)
     monkeypatch.setattr(redis_lua, "RECLAIM_PER_STORE", 2)

@@ -11,6 +11,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from extproc.kvcache.gate import Position, SharedState, digest
 from extproc.kvcache.ingest import Ingest, IngestCounters
 from extproc.kvcache.memory_index import MemoryPrefixIndex
 from extproc.kvcache.subscriber import EventSource, KvEventSubscriber, StreamCounters, SubscriberOptions
@@ -380,3 +381,97 @@ async def test_random_stream_with_drops_ends_in_the_same_state_as_the_engine() -
         assert r.index.endpoints() == {E} and r.index.entries(E) == len(held)
         for h in HASHES:
             assert (r.index.match_sync([BlockHash(h)], [E]) == {E: 1}) == (h in held)
+
+
+async def follow_until(pub: FakePublisher, sub: KvEventSubscriber, cond: Callable[[], bool]) -> None:
+    """Start ``pub``, follow it, and publish small stores until ``cond`` holds (ZMQ's slow joiner; bounded)."""
+    pub.start()
+    sub.add(EventSource(E, pub.pub_address, pub.replay_address))
+    for _ in range(300):
+        await pub.publish(batch(stored(0, 2)))
+        await asyncio.sleep(0.02)
+        if cond():
+            return
+
+
+class NotTheWriter:
+    """A ``WriteGate`` whose lease another replica holds (or nobody yet): this replica never writes. ``shared``
+    is what the shared index holds for the endpoint; ``asked`` counts the subscriber's looks at it."""
+
+    def __init__(self, shared: SharedState) -> None:
+        self.shared = shared
+        self.asked = 0
+
+    def follow(self, endpoint: EndpointId) -> None: ...
+    async def unfollow(self, endpoint: EndpointId) -> None: ...
+    def hearing(self, endpoint: EndpointId, connected: bool) -> None: ...
+    def take(self, endpoint: EndpointId) -> bool:
+        return False
+
+    def is_writer(self, endpoint: EndpointId) -> bool:
+        return False
+
+    async def position(self, endpoint: EndpointId) -> Position | None:
+        return self.shared.position
+
+    async def shared_state(self, endpoint: EndpointId) -> SharedState | None:
+        self.asked += 1
+        return self.shared
+
+    async def applied(self, endpoint: EndpointId, seq: int, payload: bytes) -> None: ...
+
+
+class SkippedWrites:
+    """The fenced view of the shared index as a replica that is not the writer sees it."""
+
+    async def store(self, endpoint: EndpointId, hashes: object, *, ttl_s: object = None, chain: object = None) -> bool:
+        return False
+
+    async def remove(self, endpoint: EndpointId, hashes: object) -> bool:
+        return False
+
+    async def clear(self, endpoint: EndpointId) -> bool:
+        return False
+
+
+async def test_a_purge_only_another_replica_can_write_leaves_the_endpoint_unconfirmed_until_in_step() -> None:
+    """The replicas' F4: after a reconnect this replica's purge did not reach the shared index, which may still
+    hold the old engine's blocks; the endpoint is precise here only once the shared index holds a batch this
+    replica received from the engine since (or nothing at all)."""
+    ctx = zmq.asyncio.Context()
+    gate = NotTheWriter(SharedState(Position(3, b"old engn"), entries=40))  # the old engine's, untouched
+    ingest = Ingest(SkippedWrites(), lambda _e: HashScheme())
+    sub = KvEventSubscriber(ingest, options=OPTIONS, context=ctx, gate=gate)
+    pub = FakePublisher(ctx)
+    try:
+        await follow_until(pub, sub, lambda: (s := sub.status(E)) is not None and s.last_seq is not None)
+        status = sub.status(E)
+        assert status is not None and status.connected and status.trusted and not status.cold
+        assert not status.confirmed and not sub.is_precise(E) and sub.precise_endpoints() == frozenset()
+        asked = gate.asked
+        await until(lambda: gate.asked >= asked + 2, what="two more looks at the shared index")
+        assert not sub.is_precise(E), "a position of another engine process proves nothing"
+        payload = batch(stored(0, 3), ts=7.0)
+        seq = await pub.publish(payload)
+        await until(lambda: (s := sub.status(E)) is not None and s.last_seq == seq, what=f"seq {seq}")
+        gate.shared = SharedState(Position(seq, digest(payload)), entries=40)  # the writer applied it
+        await until(lambda: sub.is_precise(E), what="confirmed by the writer's position")
+        assert sub.precise_endpoints() == frozenset({E})
+    finally:
+        await sub.close()
+        await pub.close()
+        ctx.destroy(linger=0)
+
+
+async def test_an_empty_shared_index_confirms_at_once() -> None:
+    ctx = zmq.asyncio.Context()
+    gate = NotTheWriter(SharedState(None, entries=0))  # nothing there: no phantom is possible
+    sub = KvEventSubscriber(Ingest(SkippedWrites(), lambda _e: HashScheme()), options=OPTIONS, context=ctx, gate=gate)
+    pub = FakePublisher(ctx)
+    try:
+        await follow_until(pub, sub, lambda: sub.is_precise(E))
+        assert sub.is_precise(E)
+    finally:
+        await sub.close()
+        await pub.close()
+        ctx.destroy(linger=0)

@@ -1,6 +1,6 @@
 """Redis AUTH and TLS (``rediss://``) for the shared prefix index, against a real valkey-server.
 
-The index connects from one URL (``index.redis_url``): ``redis://:PASSWORD@host:port/db`` for AUTH and
+The index connects from one URL (``index.url``): ``redis://:PASSWORD@host:port/db`` for AUTH and
 ``rediss://:PASSWORD@host:port/db?ssl_ca_certs=/path/ca.pem`` for TLS with a private CA. A wrong or missing
 password, an untrusted certificate, or plain text against a TLS port is ``IndexUnavailable`` within the call
 deadline (the router then routes without it), and the password never appears in the error.
@@ -18,7 +18,7 @@ import pytest
 from bench.procs import ManagedProcess, free_ports
 from extproc.config import RouterConfig
 from extproc.kvcache.index import IndexUnavailable
-from extproc.kvcache.redis_index import RedisPrefixIndex
+from extproc.redis.prefix_index import RedisPrefixIndex
 from extproc.types import BlockHash, EndpointId
 from tests.security.tlsutil import TlsTerminator, make_certs
 
@@ -108,6 +108,6 @@ def test_config_accepts_auth_and_tls_urls() -> None:
     url = f"rediss://:{PASSWORD}@redis.internal:6380/0?ssl_ca_certs=/etc/router/ca.pem"
     config = RouterConfig.model_validate(
         {"models": [{"name": "m"}], "endpoints": [{"address": "10.0.0.1:8000"}],
-         "index": {"backend": "redis", "redis_url": url}}
+         "index": {"backend": "redis", "url": url}}
     )  # fmt: skip
-    assert config.index.redis_url == url
+    assert getattr(config.index, "url", None) == url

@@ -19,7 +19,7 @@ from extproc.app import App
 from extproc.kvcache.hashing import BlockHasher
 from extproc.kvcache.index import PrefixIndex
 from extproc.kvcache.memory_index import MemoryPrefixIndex
-from extproc.kvcache.redis_index import RedisPrefixIndex
+from extproc.redis.prefix_index import RedisPrefixIndex
 from extproc.types import EndpointId, HashScheme, HttpRequest, LoraAdapter, Route
 from tests.contract.conftest import valkey_url
 from tests.fuzz.inproc import MODEL, ready_app

@@ -3,9 +3,10 @@
 import asyncio
 import dataclasses
 import json
+import logging
 import random
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -112,6 +113,7 @@ def make_router(
     precise: DictIndex | None = None,
     approx: DictIndex | None = None,
     registry: EndpointRegistry | None = None,
+    precise_endpoints: Callable[[], frozenset[EndpointId]] = frozenset,
     settings: RouterSettings | None = None,
 ) -> tuple[Router, DictIndex, InflightLoad]:
     registry = registry or EndpointRegistry([Endpoint(A), Endpoint(B)])
@@ -128,7 +130,7 @@ def make_router(
         inflight=inflight,
         precise=precise or DictIndex(),
         approx=approx,
-        is_precise=lambda e: False,
+        precise_endpoints=precise_endpoints,
         profile=build_profile(SchedulingConfig(prefill_tokens_per_s=10000.0)),
         metrics=RouterMetrics(CollectorRegistry()),
         executor=ThreadPoolExecutor(1),
@@ -186,6 +188,30 @@ async def test_index_failure_routes_by_load(index: DictIndex) -> None:
     router, _, _ = make_router(approx=index, settings=RouterSettings(lookup_deadline_s=0.01))
     result = await router.route(post())
     assert isinstance(result, Route) and result.headers["x-router-reason"] == "load"
+
+
+async def test_a_lookup_past_its_deadline_is_logged_at_info_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
+    router, _, _ = make_router(precise=DictIndex(delay_s=0.2), precise_endpoints=lambda: frozenset({A, B}),
+                               settings=RouterSettings(lookup_deadline_s=0.01))
+    with caplog.at_level(logging.INFO, logger="extproc.router"):
+        for _ in range(3):
+            await router.route(post())
+    lines = [r for r in caplog.records if r.name == "extproc.router" and "lookup failed" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].levelno == logging.INFO, lines  # three misses, one line
+    assert "precise" in lines[0].getMessage() and "no answer within 0.01s" in lines[0].getMessage()
+
+
+async def test_which_endpoints_are_precise_is_asked_once_per_request() -> None:
+    asked: list[int] = []
+
+    def precise_endpoints() -> frozenset[EndpointId]:
+        asked.append(1)
+        return frozenset({A})
+
+    precise = DictIndex()
+    router, _, _ = make_router(precise=precise, precise_endpoints=precise_endpoints)
+    result = await router.route(post())
+    assert isinstance(result, Route) and len(asked) == 1
 
 
 async def test_tokenizer_failure_routes_by_load() -> None:

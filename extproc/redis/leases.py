@@ -3,7 +3,7 @@
 Every replica follows every endpoint's stream (so it knows each endpoint's status and can take over at once),
 but only the endpoint's **writer**, the replica holding its lease, writes to the shared index; the others'
 writes are skipped (their own approximate index still follows purges). Keys (``lease:<e>``, ``stream:<e>``)
-are in ``redis_index.py``'s key schema; the scripts are here::
+are in ``schema.py``; the scripts in ``lua/lease_*.lua``::
 
     ACQUIRE  nobody holds lease:<e>  -> token = HINCRBY stream:<e> fence 1; HSET lease:<e> owner token; PEXPIRE ttl
              (a missing counter starts at the server's time in ms, so tokens grow even across Redis data loss)
@@ -13,7 +13,7 @@ are in ``redis_index.py``'s key schema; the scripts are here::
     COMMIT   lease token == ours     -> HSET stream:<e> seq digest        (after each applied batch or replay)
 
 **Fencing.** Every index write made for the stream (store/remove/clear from ingest, purges included) carries
-the writer's token; the write script itself compares it with ``lease:<e>``'s (``redis_lua`` ``fenced``), so a
+the writer's token; the write script itself compares it with ``lease:<e>``'s (``common.lua``'s ``fenced``), so a
 deposed owner (paused past its ttl, partitioned) changes nothing: ``FencedOut``, counted, and it stops writing.
 
 **Only a replica that hears the engine competes**: the subscriber reports its stream's connection
@@ -45,41 +45,36 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from extproc.kvcache.gate import Position, digest
-from extproc.kvcache.index import Chain, IndexUnavailable, PrefixIndex
-from extproc.kvcache.redis_index import FencedOut, RedisPrefixIndex
+from extproc.kvcache.gate import IndexWrites, Position, SharedState, digest
+from extproc.kvcache.index import Chain, IndexUnavailable
+from extproc.redis.client import RedisClient, call_within
+from extproc.redis.prefix_index import FencedOut
+from extproc.redis.schema import Schema
+from extproc.redis.scripts import source
 from extproc.tasks import stop_task
 from extproc.types import BlockHash, EndpointId
 
 log = logging.getLogger(__name__)
 
-# KEYS: lease, stream. ARGV: owner, ttl_ms. Returns the token now held by ``owner``, or 0 (someone else's).
-_ACQUIRE = """
-local held = redis.call('HMGET', KEYS[1], 'owner', 'token')
-if held[1] then
-  if held[1] ~= ARGV[1] then return 0 end
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return tonumber(held[2])
-end
-if redis.call('HEXISTS', KEYS[2], 'fence') == 0 then  -- first use, or Redis lost its data: start above any
-  local t = redis.call('TIME')                        -- token handed out before (one per ms at most)
-  redis.call('HSET', KEYS[2], 'fence', string.format('%.0f', tonumber(t[1]) * 1000 + math.floor(t[2] / 1000)))
-end
-local token = redis.call('HINCRBY', KEYS[2], 'fence', 1)
-redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'token', string.format('%.0f', token))
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return token
-"""
-_GUARD = "if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end\n"
-_RENEW = _GUARD + "redis.call('PEXPIRE', KEYS[1], ARGV[2])\nreturn 1\n"  # KEYS: lease. ARGV: token, ttl_ms
-_RELEASE = _GUARD + "redis.call('DEL', KEYS[1])\nreturn 1\n"  # KEYS: lease. ARGV: token
-# KEYS: lease, stream. ARGV: token, seq, digest.
-_COMMIT = _GUARD + "redis.call('HSET', KEYS[2], 'seq', ARGV[2], 'digest', ARGV[3])\nreturn 1\n"
-_POSITION = "return redis.call('HMGET', KEYS[2], 'seq', 'digest')\n"  # KEYS: lease, stream
+_SCRIPTS = ("acquire", "renew", "release", "commit", "position")  # lua/lease_<name>.lua
+
+
+class FencedIndex(Protocol):
+    """An index whose writes can be fenced by a lease token (``RedisPrefixIndex``): FencedOut when the token is
+    not the endpoint's current lease token."""
+
+    async def store(
+        self, endpoint: EndpointId, hashes: Sequence[BlockHash], *,
+        ttl_s: float | None = None, chain: Chain | None = None, fence: int | None = None
+    ) -> None: ...
+
+    async def remove(self, endpoint: EndpointId, hashes: Sequence[BlockHash], *, fence: int | None = None) -> None: ...
+
+    async def clear(self, endpoint: EndpointId, *, fence: int | None = None) -> None: ...
 
 
 @dataclass
@@ -119,21 +114,23 @@ class StreamLeases:
 
     def __init__(
         self,
-        index: RedisPrefixIndex,
+        client: RedisClient,
         owner: str,
         *,
+        namespace: str = "kvidx",
         ttl_s: float = 2.0,
+        timeout_s: float = 0.5,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``client``: usually the prefix index's own (the same namespace); ``timeout_s``: per Redis call."""
         self.counters = LeaseCounters()
         self.owner = owner
         self.ttl_s = ttl_s
-        self._index = index
+        self._schema = Schema(namespace)
+        self._timeout_s = timeout_s
         self._clock = clock
         self._leases: dict[EndpointId, _Lease] = {}
-        self._scripts = {name: index.script(body) for name, body in (
-            ("acquire", _ACQUIRE), ("renew", _RENEW), ("release", _RELEASE), ("commit", _COMMIT),
-            ("position", _POSITION))}  # fmt: skip
+        self._scripts = {name: client.register_script(source(f"lease_{name}")) for name in _SCRIPTS}
         self._task: asyncio.Task[None] | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------------------
@@ -155,10 +152,10 @@ class StreamLeases:
             else:
                 self._leases.pop(endpoint)
 
-    def writes(self) -> PrefixIndex:
-        """The shared index as this replica's ingest must write it: fenced by the adopted token, skipped when
-        not the writer. Reads go straight through."""
-        return _FencedWrites(self._index, self)
+    def writes(self, index: FencedIndex) -> IndexWrites:
+        """``index`` as this replica's ingest must write it: fenced by the adopted token; skipped (False) when
+        not the writer or fenced out."""
+        return _FencedWrites(index, self)
 
     # -- WriteGate --------------------------------------------------------------------------------------------
 
@@ -197,11 +194,20 @@ class StreamLeases:
 
     async def position(self, endpoint: EndpointId) -> Position | None:
         try:
-            seq, dig = await self._run_script("position", endpoint, [])
+            seq, dig, _entries = await self._run_script("position", endpoint, [])
         except IndexUnavailable as exc:
             log.warning("kv leases: reading %s's position failed: %s", endpoint, exc)
             return None
         return None if seq is None or dig is None else Position(int(seq), bytes(dig))
+
+    async def shared_state(self, endpoint: EndpointId) -> SharedState | None:
+        try:
+            seq, dig, entries = await self._run_script("position", endpoint, [])
+        except IndexUnavailable as exc:
+            log.debug("kv leases: reading %s's shared state failed: %s", endpoint, exc)
+            return None
+        position = None if seq is None or dig is None else Position(int(seq), bytes(dig))
+        return SharedState(position, int(entries))
 
     async def applied(self, endpoint: EndpointId, seq: int, payload: bytes) -> None:
         token = self.write_token(endpoint)
@@ -333,42 +339,44 @@ class StreamLeases:
         return max(1, round(self.ttl_s * 1000))
 
     async def _run_script(self, name: str, endpoint: EndpointId, args: Sequence[bytes | str | int]) -> Any:
-        lease_key, stream_key = self._index.lease_keys(endpoint)
-        keys = [lease_key] if name in ("renew", "release") else [lease_key, stream_key]
-        return await self._index.run(self._scripts[name], keys, args)
+        keys = self._schema.endpoint(endpoint)
+        if name in ("renew", "release"):
+            names = [keys.lease]
+        elif name == "position":
+            names = [keys.stream, keys.held]
+        else:
+            names = [keys.lease, keys.stream]
+        return await call_within(self._scripts[name](keys=names, args=list(args)), self._timeout_s, IndexUnavailable)
 
 
 class _FencedWrites:
-    """A ``PrefixIndex`` over the shared index for ingest: writes carry the writer's token (or are skipped)."""
+    """The shared index as ingest writes it: each write carries the writer's token; False when skipped."""
 
-    def __init__(self, index: RedisPrefixIndex, leases: StreamLeases) -> None:
+    def __init__(self, index: FencedIndex, leases: StreamLeases) -> None:
         self._index = index
         self._leases = leases
-
-    async def match(self, hashes: Sequence[BlockHash], endpoints: Collection[EndpointId]) -> Mapping[EndpointId, int]:
-        return await self._index.match(hashes, endpoints)
 
     async def store(
         self, endpoint: EndpointId, hashes: Sequence[BlockHash], *,
         ttl_s: float | None = None, chain: Chain | None = None
-    ) -> None:
-        await self._write(endpoint, lambda t: self._index.store(endpoint, hashes, ttl_s=ttl_s, chain=chain, fence=t))
+    ) -> bool:
+        index = self._index
+        return await self._write(endpoint, lambda t: index.store(endpoint, hashes, ttl_s=ttl_s, chain=chain, fence=t))
 
-    async def remove(self, endpoint: EndpointId, hashes: Sequence[BlockHash]) -> None:
-        await self._write(endpoint, lambda t: self._index.remove(endpoint, hashes, fence=t))
+    async def remove(self, endpoint: EndpointId, hashes: Sequence[BlockHash]) -> bool:
+        return await self._write(endpoint, lambda t: self._index.remove(endpoint, hashes, fence=t))
 
-    async def clear(self, endpoint: EndpointId) -> None:
-        await self._write(endpoint, lambda t: self._index.clear(endpoint, fence=t))
+    async def clear(self, endpoint: EndpointId) -> bool:
+        return await self._write(endpoint, lambda t: self._index.clear(endpoint, fence=t))
 
-    async def close(self) -> None:  # the owner of the index closes it
-        return None
-
-    async def _write(self, endpoint: EndpointId, op: Callable[[int], Awaitable[None]]) -> None:
+    async def _write(self, endpoint: EndpointId, op: Callable[[int], Awaitable[None]]) -> bool:
         token = self._leases.write_token(endpoint)
         if token is None:
             self._leases.counters.skipped_writes += 1
-            return
+            return False
         try:
             await op(token)
         except FencedOut:
             self._leases.fenced_out(endpoint)
+            return False
+        return True

@@ -2,52 +2,23 @@
 
 Each replica adds the uncached prompt tokens of what it routes; the queue drains at the endpoint's prefill
 rate, computed server-side from Redis ``TIME`` so replicas need no synchronised clocks. Reading every
-candidate's queue and adding to the pick's are one script call each (one round trip).
+candidate's queue and adding to the pick's are one script call each (one round trip; ``lua/shared_load.lua``).
 
 A reservation therefore expires by itself (it drains away), which bounds the damage of a replica that dies
 mid-burst. If Redis is slow or down, callers fall back to their own replica-local ``InflightLoad``.
 
-Keys (the hash tag keeps them on one Redis Cluster slot, like the prefix index's)::
-
-    {ns}:load   HASH  field = endpoint id, value = "<tokens>:<updated_ms>"
+Key: ``{ns}:load`` (``schema.py``; the hash tag keeps it on one Redis Cluster slot, like the prefix index's).
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from redis.exceptions import RedisClusterException, RedisError
-
-from extproc.kvcache.redis_index import RedisClient, redis_client
+from extproc.redis.client import RedisClient, call_within, client_for
+from extproc.redis.schema import Schema
+from extproc.redis.scripts import source
 from extproc.types import EndpointId
-
-# KEYS[1] = {ns}:load; ARGV[1] = rate (tokens/s); ARGV[2] = add (tokens, may be 0); ARGV[3..] = endpoints.
-# With add > 0 there is exactly one endpoint. Returns the drained queues (strings, for exact floats).
-_SCRIPT = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local rate = tonumber(ARGV[1]) / 1000.0
-local add = tonumber(ARGV[2])
-local out = {}
-for i = 3, #ARGV do
-  local v = redis.call('HGET', KEYS[1], ARGV[i])
-  local q = 0.0
-  if v then
-    local sep = string.find(v, ':', 1, true)
-    local tokens = tonumber(string.sub(v, 1, sep - 1))
-    local at = tonumber(string.sub(v, sep + 1))
-    q = math.max(0.0, tokens - rate * math.max(0, now - at))
-  end
-  if add > 0 then
-    q = q + add
-    redis.call('HSET', KEYS[1], ARGV[i], string.format('%.1f', q) .. ':' .. now)
-  end
-  out[#out + 1] = string.format('%.1f', q)
-end
-return out
-"""
 
 
 class SharedLoadUnavailable(Exception):
@@ -59,14 +30,15 @@ class SharedLoad:
 
     def __init__(self, client: RedisClient, *, namespace: str, prefill_tokens_per_s: float, timeout_s: float) -> None:
         self._r = client
-        self._key = f"{{{namespace}}}:load"
+        self._key = Schema(namespace).load
         self._rate = prefill_tokens_per_s
         self._timeout_s = timeout_s
-        self._script = client.register_script(_SCRIPT)
+        self._script = client.register_script(source("shared_load"))
 
     @classmethod
     def from_url(cls, url: str, *, namespace: str, prefill_tokens_per_s: float, timeout_s: float) -> SharedLoad:
-        client = redis_client(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        """Shared load on ``url``, connecting lazily (its calls raise SharedLoadUnavailable until Redis answers)."""
+        client = client_for(url, timeout_s)
         return cls(client, namespace=namespace, prefill_tokens_per_s=prefill_tokens_per_s, timeout_s=timeout_s)
 
     async def queued(self, endpoints: Sequence[EndpointId]) -> Mapping[EndpointId, float]:
@@ -83,16 +55,11 @@ class SharedLoad:
             await self._call(self._script(keys=[self._key], args=[self._rate, tokens, endpoint]))
 
     async def forget(self, endpoint: EndpointId) -> None:
+        """Drop ``endpoint``'s queue (it left the pool). Raises SharedLoadUnavailable."""
         await self._call(self._r.hdel(self._key, endpoint))
 
     async def close(self) -> None:
         await self._r.aclose()
 
     async def _call(self, awaitable: Any) -> Any:
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                return await awaitable
-        except TimeoutError:
-            raise SharedLoadUnavailable(f"redis: no answer within {self._timeout_s}s") from None
-        except (RedisError, RedisClusterException, OSError) as exc:  # the cluster's own are not RedisErrors
-            raise SharedLoadUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
+        return await call_within(awaitable, self._timeout_s, SharedLoadUnavailable)

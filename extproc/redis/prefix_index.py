@@ -1,25 +1,6 @@
-"""Redis/Valkey ``PrefixIndex``, shared by every router replica. The only module that knows its key schema.
+"""Redis/Valkey ``PrefixIndex``, shared by every router replica.
 
-Key schema (``ns`` = the namespace, default ``"kvidx"``; ``<h>`` = a BlockHash as 8 raw bytes, big-endian)::
-
-    {ns}:m              HASH    field = <h>, value = holder bitmap: bit s set <=> the endpoint in slot s has it
-    {ns}:slots          HASH    field = endpoint id, value = its slot (a small int, reused once it is freed)
-    {ns}:free           ZSET    freed slots (score = slot, so the lowest is reused first)
-    {ns}:next           STRING  the next never-used slot
-    {ns}:h:<endpoint>   HASH    field = <h>, value = expires-at in server ms ("0" = never): what it holds;
-                                for an entry rooted in a claimed chain: "<expires-at>|<rooted children>|<parent
-                                <h>, empty for a prompt's first block>" (``redis_lua``)
-    {ns}:u              HASH    field = endpoint id, value = how many of its entries are not rooted
-    {ns}:holey          HASH    field = endpoint id, value = how many of its rooted entries lost their parent
-    {ns}:x:<endpoint>   ZSET    member = <h>, score = expires-at ms: its entries that have a ttl
-    {ns}:z:<endpoint>   ZSET    member = <h>, score = its LRU clock (higher = stored more recently): only when
-                                the index has a capacity
-    {ns}:lease:<endpoint>  HASH  owner = replica id, token = its fencing token; PX = the lease ttl. Who applies
-                                the endpoint's KV-event stream (``lease.py``); gone = nobody
-    {ns}:stream:<endpoint> HASH  fence = the last token handed out (HINCRBY per acquisition; starts at the
-                                server's time in ms, so it grows even if Redis loses it);
-                                seq, digest = the last batch applied to the index (its sequence number and the
-                                first 8 bytes of blake2b of its payload): where a new owner resumes
+Keys: ``schema.py`` (``{ns}:m``, ``{ns}:h:<endpoint>``, ...); scripts: ``lua/*.lua`` (``scripts.py``).
 
 * ``match`` is **one round trip**: EVALSHA of a Lua script over ``{ns}:m``. Before anything, the requested
   endpoints' expired entries are dropped (found by score in ``x``, up to 256 each), so the bitmaps are exact;
@@ -45,8 +26,9 @@ Key schema (``ns`` = the namespace, default ``"kvidx"``; ``<h>`` = a BlockHash a
   An endpoint left with no entries frees its slot.
 * Fencing: a write made for an endpoint's event stream carries the writer's token (``fence=``); the script
   checks it against ``lease:<endpoint>`` first and changes nothing (``FencedOut``) if it is not the current
-  one. Unfenced writes (``fence=None``: one replica, approximate entries) skip the check. The lease scripts
-  (acquire, renew, release, commit the last applied batch) live in ``lease.py``, on ``lease_keys``.
+  one. Unfenced writes (``fence=None``: one replica, approximate entries) skip the check. The leases
+  themselves (acquire, renew, release, commit the last applied batch) are ``leases.py``'s; the two share only
+  the lease key's name and its ``token`` field (``schema.py``).
 * Capacity (optional, for the approximate mode): after a store, the endpoint's lowest-scored entries beyond
   its capacity are evicted. Scores come from a per-endpoint counter (top score + 1, ...); within one store the
   head block gets the highest score, so a prompt's tail is evicted before its prefix (as in memory).
@@ -65,15 +47,15 @@ Key schema (``ns`` = the namespace, default ``"kvidx"``; ``<h>`` = a BlockHash a
   7.0 takes ~137 and ~72 (~263 and ~198 with a ttl). The 8-byte binary hash (not its 20-digit decimal)
   keeps fields short.
 
-Redis Cluster: set ``index.redis_url`` to ``redis+cluster://[:password@]host:port`` (``rediss+cluster://`` for
+Redis Cluster: set ``index.url`` to ``redis+cluster://[:password@]host:port`` (``rediss+cluster://`` for
 TLS; any one node, the client discovers the rest; db 0 only) and this index, the shared load
-(``shared_load.py``) and the event-stream leases (``lease.py``, on this index's client) use
-``redis.asyncio.RedisCluster`` (``redis_client``). Every key carries the hash tag ``{ns}``, so one namespace
+(``shared_load.py``) and the event-stream leases (``leases.py``, on the same client) use
+``redis.asyncio.RedisCluster`` (``client.redis_client``). Every key carries the hash tag ``{ns}``, so one namespace
 lives in **one slot**: every script declares all the keys it touches in KEYS (no key name is built inside
 Lua), they all share the tag, so each EVALSHA is routed by its slot to one node and never crosses slots.
 The trade-off: one namespace = one slot = one shard, so a namespace is bounded by one shard's memory and CPU,
 and its load is not spread by adding nodes; scale out **by namespace** (e.g. one per model pool or fleet:
-``index.redis_namespace``), and place namespaces on nodes by their slot (CRC16 of ``ns`` mod 16384).
+``index.namespace``), and place namespaces on nodes by their slot (CRC16 of ``ns`` mod 16384).
 Replicas/failover are the cluster's own; a node down makes its namespaces ``IndexUnavailable`` (as with one
 server). ``tests/contract`` runs the contract suite on a local 3-node cluster (``tests/support/valkey_cluster.py``).
 
@@ -83,37 +65,23 @@ Hashes must be in ``[0, 2**64)`` (``BlockHash``'s contract).
 
 from __future__ import annotations
 
-import asyncio
 import struct
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError, RedisClusterException, RedisError
-from redis.retry import Retry
+from redis.exceptions import NoScriptError
 
-from extproc.kvcache import redis_lua as lua
 from extproc.kvcache.index import Chain, IndexUnavailable
+from extproc.redis.client import RedisClient, call_within, client_for
+from extproc.redis.schema import Schema
+from extproc.redis.scripts import index_script
 from extproc.types import BlockHash, EndpointId
 
 _FENCED = -1  # what a write script returns when its fencing token is not the lease's
 _CLEAR_SLICE = 10_000  # entries a clear script call removes (bounds how long one call blocks the server)
 _CLEAR_MAX_CALLS = 100_000  # bound on clear's loop (1e9 entries); a concurrent writer cannot keep it alive
-
-
-RedisClient = aioredis.Redis | aioredis.RedisCluster  # what the index, the shared load and the leases run on
-CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")  # a URL with one of these talks to a Redis Cluster
-
-
-def redis_client(url: str, **kwargs: Any) -> RedisClient:
-    """A client for ``url``, without connecting: ``redis[s]://...`` gives a plain ``Redis``;
-    ``redis[s]+cluster://host:port`` (any one node, a seed) gives a ``RedisCluster`` that discovers the others."""
-    scheme, sep, rest = url.partition("://")
-    if sep and scheme.lower() in CLUSTER_SCHEMES:
-        return aioredis.RedisCluster.from_url(scheme[: -len("+cluster")] + "://" + rest, **kwargs)
-    return aioredis.Redis.from_url(url, **kwargs)
 
 
 @dataclass
@@ -145,20 +113,18 @@ class RedisPrefixIndex:
         timeout_s: float = 0.5,
         capacity_blocks: int | Callable[[EndpointId], int | None] | None = None,
     ) -> None:
-        if not namespace or any(c in namespace for c in "{}"):
-            raise ValueError(f"namespace must be non-empty without braces: {namespace!r}")
         self._r = client
         self._timeout_s = timeout_s
         self._capacity = capacity_blocks
-        self._prefix = f"{{{namespace}}}:".encode()
-        self._shared = [self._prefix + k for k in (b"m", b"slots", b"free", b"u", b"holey", b"next")]
-        self._own_keys: dict[EndpointId, tuple[list[bytes], bytes]] = {}
+        self.schema = Schema(namespace)
+        self._shared = self.schema.index_keys()
+        self._own_resps: dict[EndpointId, bytes] = {}
         self.lookups = LookupCounters()
         self._shared_resp = b"".join(_bulk(k) for k in self._shared[:5])
-        self._match = client.register_script(lua.render(lua.MATCH, blob_arg=1))
-        self._store = client.register_script(lua.render(lua.STORE, blob_arg=4))  # then the chain, the token
-        self._remove = client.register_script(lua.render(lua.REMOVE, blob_arg=2))
-        self._clear = client.register_script(lua.render(lua.CLEAR, blob_arg=3))
+        self._match = client.register_script(index_script("match", blob_arg=1))
+        self._store = client.register_script(index_script("store", blob_arg=4))  # then the chain, the token
+        self._remove = client.register_script(index_script("remove", blob_arg=2))
+        self._clear = client.register_script(index_script("clear", blob_arg=3))
 
     @classmethod
     def from_url(
@@ -171,13 +137,7 @@ class RedisPrefixIndex:
     ) -> RedisPrefixIndex:
         """An index on ``url`` that connects lazily: never fails here, so a router can start while Redis is
         down (its calls raise IndexUnavailable until Redis answers; scripts load on first use)."""
-        client = redis_client(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), retries=1),  # one quick retry for a stale pooled connection
-            decode_responses=False,
-        )
+        client = client_for(url, timeout_s)
         return cls(client, namespace=namespace, timeout_s=timeout_s, capacity_blocks=capacity_blocks)
 
     @classmethod
@@ -237,20 +197,20 @@ class RedisPrefixIndex:
         cap = self._capacity_for(endpoint)
         args: list[bytes | str | int] = [endpoint, ttl_ms, -1 if cap is None else cap, _blob(hashes)]
         args += [_chain(chain, len(hashes)), _tok(fence)]
-        keys = [*self._shared, *self._own(endpoint), self.lease_keys(endpoint)[0]]
+        keys = [*self._shared, *self._own(endpoint), self.schema.endpoint(endpoint).lease]
         _check(await self._call(self._store(keys=keys, args=args)), endpoint, fence)
 
     async def remove(self, endpoint: EndpointId, hashes: Sequence[BlockHash], *, fence: int | None = None) -> None:
         """Forget ``hashes`` on ``endpoint``. One script call. ``fence`` as in ``store``."""
         if hashes:
-            keys = [*self._shared[:5], *self._own(endpoint), self.lease_keys(endpoint)[0]]
+            keys = [*self._shared[:5], *self._own(endpoint), self.schema.endpoint(endpoint).lease]
             args: list[bytes | str] = [endpoint, _blob(hashes), _tok(fence)]
             _check(await self._call(self._remove(keys=keys, args=args)), endpoint, fence)
 
     async def clear(self, endpoint: EndpointId, *, fence: int | None = None) -> None:
         """Forget everything on ``endpoint``: O(its entries), ``_CLEAR_SLICE`` per script call. ``fence`` as in
         ``store`` (checked by every slice)."""
-        keys = [*self._shared[:5], *self._own(endpoint), self.lease_keys(endpoint)[0]]
+        keys = [*self._shared[:5], *self._own(endpoint), self.schema.endpoint(endpoint).lease]
         args: list[bytes | str | int] = [endpoint, _CLEAR_SLICE, b"", _tok(fence)]
         for _ in range(_CLEAR_MAX_CALLS):
             if _check(await self._call(self._clear(keys=keys, args=args)), endpoint, fence) == 0:
@@ -272,21 +232,6 @@ class RedisPrefixIndex:
         unrooted = await self._call(self._r.hget(self._shared[3], endpoint))
         orphans = await self._call(self._r.hget(self._shared[4], endpoint))
         return int(unrooted or 0), int(orphans or 0)
-
-    # -- leases (lease.py) -----------------------------------------------------------------------------------
-
-    def lease_keys(self, endpoint: EndpointId) -> tuple[bytes, bytes]:
-        """The endpoint's lease HASH and stream HASH (key schema above)."""
-        e = endpoint.encode()
-        return self._prefix + b"lease:" + e, self._prefix + b"stream:" + e
-
-    def script(self, body: str) -> Any:
-        """Register a Lua script on this index's client (an ``AsyncScript``; run it with ``run``)."""
-        return self._r.register_script(body)
-
-    async def run(self, script: Any, keys: Sequence[bytes], args: Sequence[bytes | str | int]) -> Any:
-        """Run ``script`` under this index's deadline. Raises IndexUnavailable."""
-        return await self._call(script(keys=list(keys), args=list(args)))
 
     # -- internals -------------------------------------------------------------------------------------------
 
@@ -317,8 +262,13 @@ class RedisPrefixIndex:
         return self._shared[:5] + [k for e in eps for k in self._own(e)]
 
     def _own_resp(self, endpoint: EndpointId) -> bytes:
-        """The endpoint's three keys as RESP bulk strings (for ``_match_packed``)."""
-        return self._own_entry(endpoint)[1]
+        """The endpoint's three keys as RESP bulk strings (for ``_match_packed``), built once per endpoint."""
+        resp = self._own_resps.get(endpoint)
+        if resp is None:
+            resp = b"".join(_bulk(k) for k in self._own(endpoint))
+            if len(self._own_resps) < 65_536:  # a bound, in case endpoint names churn without end
+                self._own_resps[endpoint] = resp
+        return resp
 
     async def _load_scripts(self) -> None:
         """SCRIPT LOAD every script, so the first calls are one round trip too (EVALSHA still falls back)."""
@@ -327,18 +277,8 @@ class RedisPrefixIndex:
 
     def _own(self, endpoint: EndpointId) -> list[bytes]:
         """The endpoint's own keys: its HASH (what it holds, with expiries), LRU ZSET and expiry ZSET."""
-        return self._own_entry(endpoint)[0]
-
-    def _own_entry(self, endpoint: EndpointId) -> tuple[list[bytes], bytes]:
-        """The endpoint's own keys and the same as RESP bulk strings, built once per endpoint."""
-        entry = self._own_keys.get(endpoint)
-        if entry is None:
-            e = endpoint.encode()
-            keys = [self._prefix + b"h:" + e, self._prefix + b"z:" + e, self._prefix + b"x:" + e]
-            entry = keys, b"".join(_bulk(k) for k in keys)
-            if len(self._own_keys) < 65_536:  # a bound, in case endpoint names churn without end
-                self._own_keys[endpoint] = entry
-        return entry
+        keys = self.schema.endpoint(endpoint)
+        return [keys.held, keys.lru, keys.expiry]
 
     def _capacity_for(self, endpoint: EndpointId) -> int | None:
         cap = self._capacity
@@ -348,13 +288,7 @@ class RedisPrefixIndex:
 
     async def _call(self, awaitable: Any) -> Any:
         """Await one Redis call under the deadline, mapping every failure to IndexUnavailable."""
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                return await awaitable
-        except TimeoutError:
-            raise IndexUnavailable(f"redis: no answer within {self._timeout_s}s") from None
-        except (RedisError, RedisClusterException, OSError) as exc:  # the cluster's own are not RedisErrors
-            raise IndexUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
+        return await call_within(awaitable, self._timeout_s, IndexUnavailable)
 
 
 def _bulk(value: bytes) -> bytes:

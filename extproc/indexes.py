@@ -1,0 +1,73 @@
+"""The prefix indexes, leases and shared load a config asks for: the composition root's one branch on the backend.
+
+``memory``: both indexes in this replica's memory. ``redis``: the precise index in Redis, shared by every
+replica (with leases, only one replica at a time writes each endpoint's events: ``extproc/redis/leases.py``);
+our own guesses in memory *and* mirrored to Redis, so a replica sees what another one routed a moment ago; and
+the in-flight load shared in Redis too.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from extproc.config import IndexConfig, RedisIndexConfig
+from extproc.kvcache.gate import IndexWrites
+from extproc.kvcache.index import PrefixIndex
+from extproc.kvcache.memory_index import MemoryPrefixIndex
+from extproc.kvcache.mirrored_index import MirroredIndex
+from extproc.redis.client import client_for
+from extproc.redis.leases import StreamLeases
+from extproc.redis.prefix_index import RedisPrefixIndex
+from extproc.redis.shared_load import SharedLoad
+from extproc.types import EndpointId
+
+Capacity = Callable[[EndpointId], int]
+
+
+@dataclass
+class Indexes:
+    """What the router and the event feed read and write. ``writes``: the precise index as ingest writes it."""
+
+    precise: PrefixIndex
+    approx: PrefixIndex
+    writes: IndexWrites
+    leases: StreamLeases | None = None
+    shared_load: SharedLoad | None = None
+    counters: list[tuple[str, object]] = field(default_factory=list)  # extra groups for router_kv_<group>_*
+
+    async def close(self) -> None:
+        """Close every connection (after the feed stopped writing)."""
+        await self.precise.close()
+        if self.shared_load is not None:
+            await self.shared_load.close()
+        await self.approx.close()
+
+
+def build_indexes(config: IndexConfig, approx_capacity: Capacity, prefill_tokens_per_s: float) -> Indexes:
+    """The indexes ``config`` names; nothing connects yet (Redis may be down at start)."""
+    if not isinstance(config, RedisIndexConfig):
+        precise = MemoryPrefixIndex()
+        return Indexes(precise, MemoryPrefixIndex(capacity_blocks=approx_capacity), writes=precise)
+    client = client_for(config.url, config.timeout_s)
+    shared = RedisPrefixIndex(client, namespace=config.namespace, timeout_s=config.timeout_s)
+    approx = MirroredIndex(
+        MemoryPrefixIndex(capacity_blocks=approx_capacity),
+        RedisPrefixIndex.from_url(config.url, namespace=f"{config.namespace}-approx", timeout_s=config.timeout_s,
+                                  capacity_blocks=approx_capacity),
+        shared_timeout_s=config.lookup_deadline_s,  # the router allows twice this for the approximate index
+    )  # fmt: skip
+    load = SharedLoad.from_url(
+        config.url, namespace=config.namespace, prefill_tokens_per_s=prefill_tokens_per_s, timeout_s=config.timeout_s
+    )
+    indexes = Indexes(shared, approx, writes=shared, shared_load=load, counters=[("redis_lookups", shared.lookups)])
+    if config.leases.enabled:
+        owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        leases = StreamLeases(client, owner, namespace=config.namespace, ttl_s=config.leases.ttl_s,
+                              timeout_s=config.timeout_s)  # fmt: skip
+        indexes.leases, indexes.writes = leases, leases.writes(shared)
+        indexes.counters.insert(0, ("lease", leases.counters))
+    return indexes

@@ -1,0 +1,4 @@
+-- KEYS: lease. ARGV: token, ttl_ms. Returns 1, or 0 when the lease is not (or no longer) ours.
+if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
