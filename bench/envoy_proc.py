@@ -4,6 +4,10 @@ launcher of the codebase (the stack launcher, the demo, the benchmarks and ``tes
     with EnvoyProcess(opts, workdir) as envoy:          # writes envoy.yaml, starts, waits for admin /ready
         envoy.url("/v1/completions"); envoy.counter("cluster.picked.upstream_rq_retry"); envoy.access_log()
 
+Envoy needs its ports up front, and a port chosen free can be taken before Envoy binds it:
+``start_on_free_ports(make)`` starts ``make()`` (an ``EnvoyProcess`` on freshly chosen ports) and, only when
+Envoy exited with "address already in use", tries again with a new ``make()``, a bounded number of times.
+
 ``config=`` runs a bootstrap dict edited after rendering (the stack's baselines do that) instead of
 ``render_bootstrap(opts)``; ``opts`` still names the ports and the access-log file.
 
@@ -22,6 +26,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +35,9 @@ from bench.procs import STOP_TIMEOUT_S, ManagedProcess, ProcessStartError
 from extproc.envoy_config import EnvoyOptions, render_bootstrap, to_yaml
 
 READY_TIMEOUT_S = 20.0
+PORT_RACE_ATTEMPTS = 3
 _POLL_S = 0.05
+_PORT_TAKEN = "ddress already in use"
 
 
 class EnvoyStartError(ProcessStartError):
@@ -223,3 +230,18 @@ class EnvoyProcess:
             return exc.code
         except OSError:
             return None
+
+
+def start_on_free_ports(make: Callable[[], EnvoyProcess], attempts: int = PORT_RACE_ATTEMPTS) -> EnvoyProcess:
+    """``make().start()``; when Envoy exits because a port it was given got taken meanwhile, stop, remove
+    that try's access log and start a new ``make()`` (which chooses new ports), ``attempts`` times at most.
+    Any other start failure, or the last one, raises ``EnvoyStartError``."""
+    for attempt in range(1, attempts + 1):
+        envoy = make()
+        try:
+            return envoy.start()
+        except EnvoyStartError:
+            if attempt == attempts or _PORT_TAKEN not in envoy.log_tail():
+                raise
+            Path(envoy.opts.access_log_path).unlink(missing_ok=True)
+    raise AssertionError("unreachable")

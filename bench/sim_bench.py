@@ -21,7 +21,6 @@ import asyncio
 import json
 import os
 import random
-import re
 import signal
 import statistics
 import subprocess
@@ -32,11 +31,10 @@ from pathlib import Path
 
 import aiohttp
 
-REPO = Path(__file__).resolve().parents[1]
-MODEL = "Qwen/Qwen3-0.6B"
+from bench.stack_config import MODEL, REPO, SIM_READY, SIM_SERVING
+
 TOKENIZER = REPO / "tokenizer_cache" / MODEL
 SERVERS = 8
-_SERVING = re.compile(r"^vllm-sim: serving \S+ on (http://\S+)$")
 _WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa", "lambda", "sigma", "omega", "river")
 
 
@@ -70,11 +68,11 @@ def start_sim(*flags: str) -> Sim:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
-        if not line or line.startswith("vllm-sim: ready"):
+        if not line or SIM_READY.match(line):
             break
-        match = _SERVING.match(line.strip())
+        match = SIM_SERVING.match(line.strip())
         if match:
-            urls.append(match.group(1))
+            urls.append(f"http://{match.group(1)}")
     if len(urls) != SERVERS:
         proc.kill()
         raise RuntimeError(f"vllm-sim did not start 8 servers: {urls}")

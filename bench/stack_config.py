@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,8 +26,19 @@ UPSTREAM_HOST_HEADER = "x-upstream-host"
 """Response header every stack Envoy adds: the ``ip:port`` of the backend that served (``%UPSTREAM_HOST%``)."""
 
 REPO = Path(__file__).resolve().parents[1]
+"""The checkout's root: children run here (``python -m vllm_sim``, ``python -m extproc.cli``)."""
 MODEL = "Qwen/Qwen3-0.6B"
+"""The model every stack serves (its tokenizer ships in ``tokenizer_cache/``)."""
 TOKENIZER_CACHE = REPO / "tokenizer_cache"
+HASH_SEED = "0"
+"""PYTHONHASHSEED for the engines, and the picker's ``hash_seed``: KV-event hashes the picker can reproduce."""
+
+SIM_READY = re.compile(r"^vllm-sim: ready", re.MULTILINE)
+"""The line ``vllm-sim`` prints once every server in its process listens."""
+SIM_SERVING = re.compile(r"^vllm-sim: serving \S+ on http://(\S+)$", re.MULTILINE)
+"""One line per server: group 1 is its ``ip:port``."""
+PICKER_READY = re.compile(r"extproc: ready on ([\d.]+):(\d+) \(metrics :(\d+)\)")
+"""``extproc serve``'s line after its first scrape: host, gRPC port, metrics port."""
 
 _LB = "envoy.load_balancing_policies"
 _LB_TYPES = {
@@ -73,38 +85,56 @@ def kv_events_sources(base: str, index: int) -> dict[str, str]:
 
 def picker_config(
     endpoints: list[str],
-    kv_events: dict[str, dict[str, str]],
+    kv_events: dict[str, dict[str, str]] | None = None,
     *,
-    block_size: int,
-    hash_seed: str,
-    overrides: dict[str, Any],
+    block_size: int | None = 16,
+    hash_seed: str | None = HASH_SEED,
+    metrics_urls: dict[str, str] | None = None,
+    log_level: str | None = "WARNING",
+    overrides: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The picker's ``RouterConfig`` as a dict: gRPC and metrics on port 0 (the ready line names them),
-    the in-memory index, ``endpoints`` (with their KV-event PUB endpoint where ``kv_events`` has one).
+    the in-memory index, ``endpoints`` (with their KV-event PUB endpoint where ``kv_events`` has one, and
+    their metrics URL where ``metrics_urls`` has one).
 
-    ``overrides``: top-level sections merged over the generated ones (dicts merged one level deep).
+    ``block_size`` None: the model names no block size and no hash algorithm (the picker discovers both
+    from the backends); ``hash_seed`` None: none set; ``log_level`` None: the config's default.
+    ``overrides``: top-level sections merged over the generated ones (``merge_sections``).
     """
+    model: dict[str, Any] = {"name": MODEL, "tokenizer_dir": str(TOKENIZER_CACHE / MODEL)}
+    if block_size is not None:
+        model.update(block_size=block_size, hash_algo="sha256")
+    if hash_seed is not None:
+        model["hash_seed"] = hash_seed
+    kv_events, metrics_urls = kv_events or {}, metrics_urls or {}
     config: dict[str, Any] = {
         "listen": {"host": "127.0.0.1", "grpc_port": 0, "metrics_port": 0},
-        "models": [
-            {
-                "name": MODEL,
-                "tokenizer_dir": str(TOKENIZER_CACHE / MODEL),
-                "block_size": block_size,
-                "hash_algo": "sha256",
-                "hash_seed": hash_seed,
-            }
-        ],
-        "endpoints": [
-            {"address": e, **({"kv_events": kv_events[e]} if e in kv_events else {})} for e in endpoints
-        ],
+        "models": [model],
+        "endpoints": [_endpoint(e, kv_events.get(e), metrics_urls.get(e)) for e in endpoints],
         "tokenizer_cache_dir": str(TOKENIZER_CACHE),
-        "logging": {"level": "WARNING"},
     }
+    if log_level is not None:
+        config["logging"] = {"level": log_level}
+    return merge_sections(config, overrides or {})
+
+
+def _endpoint(address: str, kv_events: dict[str, str] | None, metrics_url: str | None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"address": address}
+    if kv_events is not None:
+        entry["kv_events"] = kv_events
+    if metrics_url is not None:
+        entry["metrics_url"] = metrics_url
+    return entry
+
+
+def merge_sections(config: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with each top-level section of ``overrides`` merged in: a dict over a dict is merged one
+    level deep, anything else replaces the section. Returns a new dict; neither argument changes."""
+    out = dict(config)
     for key, value in overrides.items():
-        base = config.get(key)
-        config[key] = {**base, **value} if isinstance(base, dict) and isinstance(value, dict) else value
-    return config
+        base = out.get(key)
+        out[key] = {**base, **value} if isinstance(base, dict) and isinstance(value, dict) else value
+    return out
 
 
 def envoy_bootstrap(kind: EnvoyKind, opts: EnvoyOptions, pickers: list[tuple[str, int]]) -> dict[str, Any]:

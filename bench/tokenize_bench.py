@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from bench.stack_config import MODEL
 from extproc.kvcache.hash_cache import CachedHasher
 from extproc.kvcache.hashing import BlockHasher
 from extproc.prompt.encoders import FastEncoder, HfEncoder, TextEncoder
@@ -33,7 +34,6 @@ from extproc.prompt.render import render_and_tokenize_sync
 from extproc.prompt.tokenizers import EncoderSettings, LoadedTokenizer, TokenizerRegistry
 from extproc.types import HashScheme
 
-MODEL = "Qwen/Qwen3-0.6B"
 SHAPES = ("unique", "same-message", "new-message", "agent")
 _WORDS = ("revenue", "costs", "margin", "headcount", "cash", "backlog", "pricing", "demand", "North", "South")
 

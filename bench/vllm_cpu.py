@@ -25,10 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.procs import ManagedProcess
+from bench.stack_config import MODEL, REPO  # MODEL: the served name; the tiny model stands in for it
 
 VERSION = "0.32.0"
-REPO = Path(__file__).resolve().parents[1]
-MODEL = "Qwen/Qwen3-0.6B"  # the served name: the tiny model stands in for the demo model
 TINY_MODEL_FILES = REPO / "bench" / "tiny_qwen3"
 TOKENIZER_DIR = REPO / "tokenizer_cache" / MODEL
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.procs import ManagedProcess, free_ports
-from bench.vllm_cpu import MODEL, REPO, EngineSpec, build_model_dir, engine_python, health_ok, start_engines
+from bench.stack_config import MODEL, REPO
+from bench.vllm_cpu import EngineSpec, build_model_dir, engine_python, health_ok, start_engines
 
 COLD = (128, 256, 512, 1024, 2048, 3072, 4096, 6144)
 TOTAL = 4096

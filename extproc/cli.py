@@ -77,10 +77,6 @@ def build_parser() -> argparse.ArgumentParser:
     from extproc.envoy.command import add_parser as add_envoy_config
 
     add_envoy_config(sub)
-
-    from extproc.demo import add_parser as add_demo
-
-    add_demo(sub)
     return parser
 
 

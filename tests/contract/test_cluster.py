@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 
 import pytest
 import redis
@@ -18,6 +17,7 @@ from extproc.redis.leases import StreamLeases
 from extproc.redis.prefix_index import FencedOut, RedisPrefixIndex
 from extproc.redis.shared_load import SharedLoad
 from extproc.types import BlockHash, EndpointId
+from tests.support.polling import until
 from tests.support.valkey_cluster import ValkeyCluster, command
 
 pytestmark = pytest.mark.redis
@@ -101,13 +101,6 @@ async def test_shared_load_on_the_cluster(valkey_cluster: ValkeyCluster) -> None
             await load.close()
 
 
-async def _until(cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.01)
-
-
 async def test_leases_and_fencing_on_the_cluster(valkey_cluster: ValkeyCluster) -> None:
     ns = f"lease{time.monotonic_ns()}"
     client_a, client_b = client_for(valkey_cluster.url, 2.0), client_for(valkey_cluster.url, 2.0)
@@ -120,7 +113,7 @@ async def test_leases_and_fencing_on_the_cluster(valkey_cluster: ValkeyCluster) 
             leases.follow(E1)
         a.hearing(E1, True)
         a.start()
-        await _until(lambda: (s := a.status(E1)) is not None and s.token is not None)
+        await until(lambda: (s := a.status(E1)) is not None and s.token is not None)
         assert a.take(E1)
         assert await a.writes(index_a).store(E1, H[:4])  # fenced write with a's token: accepted
         first = a.status(E1)
@@ -128,7 +121,7 @@ async def test_leases_and_fencing_on_the_cluster(valkey_cluster: ValkeyCluster) 
         await a.close()  # releases: b (now hearing the engine) takes over with the next token
         b.hearing(E1, True)
         b.start()
-        await _until(lambda: (s := b.status(E1)) is not None and s.token is not None)
+        await until(lambda: (s := b.status(E1)) is not None and s.token is not None)
         second = b.status(E1)
         assert second is not None and second.token == first.token + 1
         with pytest.raises(FencedOut):
@@ -166,7 +159,7 @@ async def test_an_unreachable_cluster_is_unavailable_not_a_crash() -> None:
 def test_a_cluster_url_with_a_db_is_refused() -> None:
     from pydantic import ValidationError
 
-    from tests.fuzz.inproc import router_config
+    from tests.support.config import router_config
 
     router_config(index={"backend": "redis", "url": "redis+cluster://127.0.0.1:7000/0"})
     with pytest.raises(ValidationError, match="only db 0"):
@@ -175,7 +168,7 @@ def test_a_cluster_url_with_a_db_is_refused() -> None:
 
 async def test_the_app_runs_its_index_load_and_leases_on_the_cluster(valkey_cluster: ValkeyCluster) -> None:
     from extproc.app import App
-    from tests.fuzz.inproc import router_config
+    from tests.support.config import router_config
 
     ns = f"app{time.monotonic_ns()}"
     index_cfg = {"backend": "redis", "url": valkey_cluster.url, "namespace": ns, "timeout_s": 2.0}

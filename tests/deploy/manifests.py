@@ -9,7 +9,8 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+from bench.stack_config import REPO
+
 DEPLOY = REPO / "deploy"
 SHAPES = ["k8s/base", "k8s/envoy", "k8s/envoy-sim", "istio", "envoy-gateway", "gie"]
 

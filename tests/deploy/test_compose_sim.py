@@ -10,8 +10,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from bench.stack_config import MODEL
 from tests.deploy.compose_local import load_compose, profile_services, run_profile
-from tests.e2e.conftest import golden_case
+from tests.support.golden import golden_case
 
 pytestmark = [pytest.mark.envoy, pytest.mark.slow, pytest.mark.redis]
 
@@ -31,7 +32,7 @@ async def test_document_questions_through_the_sim_profile(tmp_path: Path) -> Non
         answers = []
         async with aiohttp.ClientSession() as session:
             for case in (summary, conclusion):
-                body = {"model": "Qwen/Qwen3-0.6B", "messages": case["messages"], "max_tokens": 4}
+                body = {"model": MODEL, "messages": case["messages"], "max_tokens": 4}
                 async with session.post(url, json=body) as resp:
                     answers.append((resp.status, await resp.json(content_type=None)))
         log = stack.envoy.wait_for_access_log(2)

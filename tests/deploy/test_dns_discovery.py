@@ -13,6 +13,7 @@ from extproc.backends.vllm_metrics import EngineMetrics
 from extproc.config import RouterConfig
 from extproc.types import Endpoint, EndpointId
 from tests.deploy.dns_server import LoopbackDns
+from tests.support.polling import until
 
 NAME = "vllm-pods.llm.svc.cluster.local"
 
@@ -70,14 +71,14 @@ async def test_discovery_reports_changes_and_keeps_the_last_set_while_dns_fails(
         try:
             assert seen == [frozenset({EndpointId("10.0.0.7:8000")})]
             dns.records[NAME] = ["10.0.0.7", "10.0.0.9"]
-            await _until(lambda: len(seen) == 2)
+            await until(lambda: len(seen) == 2)
             assert seen[-1] == {EndpointId("10.0.0.7:8000"), EndpointId("10.0.0.9:8000")}
             dns.silent = True  # DNS down: no change reported, the last set stands
             await asyncio.sleep(0.5)
             assert len(seen) == 2 and discovery.current == seen[-1]
             dns.silent = False
             del dns.records[NAME]  # the Service has no ready pod: NXDOMAIN empties the set
-            await _until(lambda: len(seen) == 3)
+            await until(lambda: len(seen) == 3)
             assert seen[-1] == frozenset()
         finally:
             await discovery.stop()
@@ -107,10 +108,3 @@ def test_config_needs_endpoints_or_discovery() -> None:
     assert config.discovery.dns is not None
     kv = config.discovery.dns.kv_events_for("10.0.0.7")
     assert kv is not None and (kv.endpoint, kv.replay_endpoint) == ("tcp://10.0.0.7:5557", "tcp://10.0.0.7:6557")
-
-
-async def _until(condition: object, timeout_s: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():  # type: ignore[operator]
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)

@@ -24,8 +24,10 @@ import aiohttp
 import pytest
 from grpc_health.v1 import health_pb2
 
-from tests.deploy.conftest import GieStack, GieStackFactory
-from tests.e2e.conftest import MODEL, golden_case
+from bench.stack import Stack
+from tests.support.chat import cached, chat
+from tests.support.golden import golden_case
+from tests.support.stacks import GieStackFactory, picker_grpc_port, picker_health, picker_metric
 
 pytestmark = [pytest.mark.envoy, pytest.mark.slow]
 
@@ -38,19 +40,7 @@ AI_GATEWAY: dict[str, Any] = {"body_mode": "full_duplex_streamed", "cluster_mode
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
-async def chat(session: aiohttp.ClientSession, url: str, messages: list[dict[str, Any]],
-               headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
-    body = {"model": MODEL, "messages": messages, "max_tokens": 4}
-    async with session.post(url, json=body, headers=headers or {}) as resp:
-        return resp.status, await resp.json(content_type=None)
-
-
-def cached(body: dict[str, Any]) -> int:
-    details = body["usage"].get("prompt_tokens_details") or {}
-    return int(details.get("cached_tokens") or 0)
-
-
-async def document_questions_follow_the_cache(stack: GieStack) -> str:
+async def document_questions_follow_the_cache(stack: Stack) -> str:
     """The golden document questions: the second lands where the first ran and finds the document cached.
     Returns the backend that served both."""
     summary, conclusion = golden_case("doc_summary"), golden_case("doc_conclusion")
@@ -72,19 +62,19 @@ async def test_istio_wiring_follows_the_cache_learns_the_served_endpoint_and_hon
 ) -> None:
     stack = gie_stack(ISTIO, GIE_PICKER)
     for service in ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"):
-        assert stack.health(service) == SERVING, service
+        assert picker_health(stack, service) == SERVING, service
     # the images' health check (Docker HEALTHCHECK, compose healthcheck), run as a script the way they run it
     script = Path(__file__).resolve().parents[2] / "deploy" / "docker" / "healthcheck.py"
     for service, code in (("readiness", 0), ("liveness", 0), ("no-such-service", 1)):
-        probe = subprocess.run([sys.executable, str(script), f"127.0.0.1:{stack.grpc_port}", service],
+        probe = subprocess.run([sys.executable, str(script), f"127.0.0.1:{picker_grpc_port(stack)}", service],
                                capture_output=True, text=True, timeout=30)
         assert probe.returncode == code, (service, probe.stderr)
     await document_questions_follow_the_cache(stack)
     log = stack.envoy.wait_for_access_log(2)
     assert all("," in e.dest for e in log), "the pick is an ordered fallback list"
-    assert stack.picker_metric("router_served_total", outcome="picked") == 2, "served endpoint reported back"
+    assert picker_metric(stack, "router_served_total", outcome="picked") == 2, "served endpoint reported back"
 
-    only = list(stack.sims)[1]
+    only = stack.backends[1]
     hinted = stack.add_envoy(**ISTIO, subset_hint=(only,))
     async with aiohttp.ClientSession() as session:
         results = [await chat(session, hinted.url("/v1/chat/completions"),
@@ -103,9 +93,9 @@ async def test_istio_wiring_walks_the_fallback_list_past_a_dead_pick(gie_stack: 
     log = stack.envoy.wait_for_access_log(9)
     retried = [e for e in log if e.dest.split(",")[0] in stack.dead]
     assert retried, "the picker should have picked the dead endpoint at least once"
-    assert all(e.attempts == 2 and e.upstream in stack.sims for e in retried)
-    assert stack.picker_metric("router_served_total", outcome="fallback") == len(retried)
-    assert stack.picker_metric("router_served_total", outcome="picked") == 9 - len(retried)
+    assert all(e.attempts == 2 and e.upstream in stack.backends for e in retried)
+    assert picker_metric(stack, "router_served_total", outcome="fallback") == len(retried)
+    assert picker_metric(stack, "router_served_total", outcome="picked") == 9 - len(retried)
 
 
 async def test_ai_gateway_wiring_follows_the_cache_and_fails_over_when_a_backend_dies(
@@ -116,16 +106,16 @@ async def test_ai_gateway_wiring_follows_the_cache_and_fails_over_when_a_backend
     log = stack.envoy.wait_for_access_log(2)
     assert [e.dest for e in log] == [served, served], "ORIGINAL_DST gets exactly one ip:port"
 
-    survivor = next(e for e in stack.sims if e != served)
+    survivor = next(e for e in stack.backends if e != served)
     url = stack.envoy.url("/v1/chat/completions")
     async with aiohttp.ClientSession() as session:  # a client-sent destination is stripped before ext_proc
         status, _ = await chat(session, url, golden_case("doc_conclusion")["messages"],
                                headers={"x-gateway-destination-endpoint": survivor})
     assert status == 200 and stack.envoy.wait_for_access_log(3)[2].upstream == served
 
-    stack.sims[served].stop()
+    stack.backend_process(served).stop()
     deadline = time.monotonic() + 10
-    while stack.picker_metric("router_endpoint_healthy", endpoint=served) != 0:
+    while picker_metric(stack, "router_endpoint_healthy", endpoint=served) != 0:
         assert time.monotonic() < deadline, "the picker never noticed the dead backend"
         await asyncio.sleep(0.1)
     async with aiohttp.ClientSession() as session:

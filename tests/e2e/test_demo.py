@@ -1,4 +1,4 @@
-"""``extproc demo`` end to end (real Envoy, the picker, simulated backends), in a small configuration.
+"""``python -m bench.demo`` end to end (real Envoy, the picker, simulated backends), in a small configuration.
 
 The facts checked are the backends' own: which backend served (Envoy's upstream-host header) and the
 ``cached_tokens`` each reported. The demo runs as a child process, as a user would run it.
@@ -11,13 +11,13 @@ import re
 import subprocess
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
+from bench.stack_config import REPO
+
 pytestmark = [pytest.mark.envoy, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
 BLOCK = 16
 _ROW = re.compile(
     r"^\s*(\d+)\s+(\w+)\s+(.+?)\s+(\d+)\s+(\S+/\S+)\s+(b\d+)\s+(\d+)\s+([\d.]+)\s+(b\d+)\s+(\d+)\s+([\d.]+)\s*$"
@@ -63,7 +63,7 @@ def _alive(pid: int) -> bool:
 @pytest.fixture(scope="module", params=[(), ("--kv-events",)], ids=["routing-history", "kv-events"])
 def demo_output(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
     workdir = tmp_path_factory.mktemp("demo")
-    cmd = [sys.executable, "-m", "extproc.cli", "demo", "--backends", "2", "--requests", "6",
+    cmd = [sys.executable, "-m", "bench.demo", "--backends", "2", "--requests", "6",
            "--profile", "fast", "--workdir", str(workdir), *request.param]  # fmt: skip
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240, check=False)
     assert done.returncode == 0, done.stdout + done.stderr

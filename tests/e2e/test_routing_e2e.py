@@ -9,32 +9,22 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any
 
 import aiohttp
 import pytest
 
-from tests.e2e.conftest import MODEL, StackFactory, golden_case
+from bench.stack_config import MODEL
+from tests.support.chat import cached, chat
+from tests.support.golden import golden_case
+from tests.support.stacks import StackFactory
 
 pytestmark = [pytest.mark.envoy, pytest.mark.slow]
-
-
-async def chat(session: aiohttp.ClientSession, url: str, messages: list[dict[str, Any]],
-               max_tokens: int = 4) -> tuple[int, dict[str, Any]]:
-    body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens}
-    async with session.post(url, json=body) as resp:
-        return resp.status, await resp.json(content_type=None)
-
-
-def cached(body: dict[str, Any]) -> int:
-    details = body["usage"].get("prompt_tokens_details") or {}
-    return int(details.get("cached_tokens") or 0)
 
 
 async def test_document_questions_follow_the_cache_and_the_leading_space_is_cold(make_stack: StackFactory) -> None:
     stack = make_stack(2)
     summary, conclusion, spaced = (golden_case(n) for n in ("doc_summary", "doc_conclusion", "doc_leading_space"))
-    url = stack.url("/v1/chat/completions")
+    url = stack.envoy.url("/v1/chat/completions")
     async with aiohttp.ClientSession() as session:
         s1, first = await chat(session, url, summary["messages"])
         s2, second = await chat(session, url, conclusion["messages"])
@@ -55,7 +45,7 @@ async def test_sse_streams_through_unbuffered(make_stack: StackFactory) -> None:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Count slowly."}], "max_tokens": 20,
             "stream": True, "ignore_eos": True}
     arrivals: list[float] = []
-    async with aiohttp.ClientSession() as session, session.post(stack.url("/v1/chat/completions"),
+    async with aiohttp.ClientSession() as session, session.post(stack.envoy.url("/v1/chat/completions"),
                                                                  json=body) as resp:
         assert resp.status == 200
         assert resp.headers["content-type"].startswith("text/event-stream")
@@ -72,7 +62,7 @@ async def test_ten_mib_body_is_accepted(make_stack: StackFactory) -> None:
     payload = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 1}).encode()
     assert len(payload) > 10 * 1024 * 1024
     async with aiohttp.ClientSession() as session, session.post(
-        stack.url("/v1/completions"), data=payload, headers={"content-type": "application/json"}
+        stack.envoy.url("/v1/completions"), data=payload, headers={"content-type": "application/json"}
     ) as resp:
         status, text = resp.status, await resp.text()
     # Envoy and the picker accept it; the backend itself refuses a prompt past its max model length.
@@ -88,7 +78,7 @@ async def test_picker_down_requests_still_succeed(make_stack: StackFactory) -> N
     stack.picker.stop()
     messages = [{"role": "user", "content": "Hello there"}]
     async with aiohttp.ClientSession() as session:
-        results = await asyncio.gather(*(chat(session, stack.url("/v1/chat/completions"), messages)
+        results = await asyncio.gather(*(chat(session, stack.envoy.url("/v1/chat/completions"), messages)
                                          for _ in range(6)))
     assert [s for s, _ in results] == [200] * 6
     hosts = {e.upstream for e in stack.envoy.wait_for_access_log(6)}
@@ -100,7 +90,7 @@ async def test_dead_pick_is_retried_on_the_fallback(make_stack: StackFactory) ->
     async with aiohttp.ClientSession() as session:
         statuses = []
         for i in range(9):
-            status, _ = await chat(session, stack.url("/v1/chat/completions"),
+            status, _ = await chat(session, stack.envoy.url("/v1/chat/completions"),
                                    [{"role": "user", "content": f"Question {i} " * 50}])
             statuses.append(status)
     assert statuses == [200] * 9

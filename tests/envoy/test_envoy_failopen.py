@@ -10,10 +10,8 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from tests.support.envoy import EchoBackend, EnvoyFactory, SilentPicker, envoy_factory
+from tests.support.envoy import EchoBackend, EnvoyFactory, SilentPicker
 from tests.support.ports import free_port
-
-__all__ = ["envoy_factory"]  # the fixture, imported so pytest finds it
 
 pytestmark = pytest.mark.envoy
 

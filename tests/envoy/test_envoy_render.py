@@ -8,13 +8,13 @@ from typing import Any
 import pytest
 import yaml
 
+from bench.stack_config import REPO
 from extproc import wire
 from extproc.cli import main
 from extproc.envoy_config import RETRY_ON, EnvoyOptions, keys, render_bootstrap, to_yaml
 from tests.support.envoy import validate
 
 ENDPOINTS = ("127.0.0.1:8001", "127.0.0.1:8002")
-REPO = Path(__file__).resolve().parents[2]
 DEMO_ARGS = ["envoy-config", "--endpoints", ",".join(ENDPOINTS), "--picker", "127.0.0.1:9002"]
 """The committed ``envoy/envoy.yaml`` is exactly what these arguments render (see envoy/README.md)."""
 

@@ -16,10 +16,8 @@ import pytest
 
 from extproc.protocol import ProcessorOptions, RunningServer, start_server
 from extproc.types import EndpointId, HttpRequest, PassThrough, Route
-from tests.support.envoy import EchoBackend, EnvoyFactory, envoy_factory
+from tests.support.envoy import EchoBackend, EnvoyFactory
 from tests.support.ports import free_port
-
-__all__ = ["envoy_factory"]  # the fixture, imported so pytest finds it
 
 pytestmark = pytest.mark.envoy
 StartPicker = Callable[..., Awaitable[RunningServer]]

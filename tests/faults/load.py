@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-MODEL = "Qwen/Qwen3-0.6B"
+from bench.stack_config import MODEL
 
 
 @dataclass

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 import aiohttp
 import pytest
 
-from tests.e2e.conftest import StackFactory
-from tests.faults.load import MODEL, one
+from bench.stack_config import MODEL
+from tests.faults.load import one
+from tests.support.stacks import StackFactory
 
 pytestmark = [pytest.mark.envoy, pytest.mark.slow]
 DOC = "The quarterly report of the lighthouse keepers' guild. " * 40
@@ -61,7 +62,7 @@ async def ask(session: aiohttp.ClientSession, url: str, question: str) -> tuple[
 
 async def test_backend_killed_mid_stream_then_restarted(make_stack: StackFactory) -> None:
     stack = make_stack(2, kv_events=True, sim_args=["--sim-decode-step-s", "0.03"])
-    url = stack.url("/v1/chat/completions")
+    url = stack.envoy.url("/v1/chat/completions")
     timeout = aiohttp.ClientTimeout(total=20)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         assert (await ask(session, url, "Summarize."))[0] == 200
@@ -70,7 +71,7 @@ async def test_backend_killed_mid_stream_then_restarted(make_stack: StackFactory
 
         streams = [asyncio.create_task(stream(session, url, i)) for i in range(6)]
         await asyncio.sleep(0.8)  # every stream is producing tokens
-        pid = stack.sims[warm].pid
+        pid = stack.backend_process(warm).pid
         assert pid is not None
         os.killpg(pid, signal.SIGKILL)
         killed_at = time.monotonic()
@@ -104,7 +105,7 @@ async def test_backend_killed_mid_stream_then_restarted(make_stack: StackFactory
         assert all(e.upstream == live and e.attempts == 1 and warm not in e.dest for e in log[before_later:])
 
         # Restart on the same port: an empty engine, its sequence numbers from 0 again.
-        await asyncio.to_thread(stack.restart_sim, warm)
+        await asyncio.to_thread(stack.restart_backend, warm)
         await asyncio.sleep(0.5)  # a few scrape intervals: healthy again
         count = len(stack.envoy.wait_for_access_log(before_later + len(later)))
         status, cached = await ask(session, url, "And the conclusion?")  # the document only `warm` ever held

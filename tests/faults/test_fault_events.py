@@ -17,38 +17,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import zmq
 import zmq.asyncio
 
+from bench.stack_config import MODEL
 from extproc import wire
 from extproc.app import App
 from extproc.config import RouterConfig
 from extproc.types import EndpointId, HttpRequest, Route
-from tests.fuzz.inproc import MODEL, mark_scraped, router_config
+from tests.fuzz.inproc import mark_scraped
 from tests.kvcache.vllm_pub import HASHES, FakePublisher, FutureEvent, batch, removed, stored
+from tests.support.config import router_config
+from tests.support.golden import golden_case
+from tests.support.polling import until
 
 A, B = EndpointId("127.0.0.1:18001"), EndpointId("127.0.0.1:18002")
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "vllm"
 N = len(HASHES)
 
 
 def doc_request() -> HttpRequest:
-    cases = json.loads((SHARED / "golden-tokens.json").read_text())["cases"]
-    messages = next(c for c in cases if c["name"] == "doc_summary")["messages"]
+    messages = golden_case("doc_summary")["messages"]
     body = json.dumps({"model": MODEL, "messages": messages}).encode()
     headers = {":method": "POST", ":path": "/v1/chat/completions", "content-type": "application/json"}
     return HttpRequest("POST", "/v1/chat/completions", headers, body, "doc")
-
-
-async def until(cond: Callable[[], bool], what: str, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
 
 
 class Rig:
@@ -60,7 +53,7 @@ class Rig:
         return self.sub.status(A)
 
     async def settle(self) -> None:
-        await until(lambda: (s := self.status()) is not None and s.last_seq == self.pub.seq - 1, "settle")
+        await until(lambda: (s := self.status()) is not None and s.last_seq == self.pub.seq - 1, what="settle")
 
     async def held(self) -> int:
         return int((await self.app.precise.match([*map(int, HASHES)], [A])).get(A, 0))  # type: ignore[list-item]
@@ -104,7 +97,7 @@ async def rig() -> AsyncIterator[Rig]:
 async def fill(r: Rig) -> None:
     await r.pub.publish(batch(stored(0, N)))
     await r.settle()
-    await until(lambda: r.app.feed.is_precise(A), "A precise")
+    await until(lambda: r.app.feed.is_precise(A), what="A precise")
     assert await r.cached_on_a() >= (N - 1) * 16
 
 
@@ -147,14 +140,14 @@ async def test_gaps_are_replayed_or_purged_and_a_restart_purges() -> None:
         r.pub.forget(lost)
         await r.pub.publish(batch())
         await r.settle()
-        await until(lambda: not r.app.feed.is_precise(A), "A cold after an unreplayable gap")
+        await until(lambda: not r.app.feed.is_precise(A), what="A cold after an unreplayable gap")
         assert await r.held() == 0 and await r.cached_on_a() == 0
         await fill(r)  # new events refill it: precise again
 
         # The engine restarts: its sequence counts from 0 again. Purged, then refilled by new events.
         r.pub.restart_counter()
         await r.pub.publish(batch())
-        await until(lambda: r.sub.counters.restarts >= 1, "restart noticed")
+        await until(lambda: r.sub.counters.restarts >= 1, what="restart noticed")
         await r.settle()
         # Purged. (It may be precise again at once: the replay from seq 0 proves the new engine holds nothing.)
         assert r.app.feed.ingest.counters.purges >= 2

@@ -16,10 +16,12 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
+from bench.stack_config import MODEL
 from extproc import wire
 from extproc.app import App
 from extproc.types import EndpointId, HttpRequest, Route
-from tests.fuzz.inproc import MODEL, router_config
+from tests.support.config import router_config
+from tests.support.polling import until
 
 GOOD = """# HELP vllm:num_requests_running x
 vllm:num_requests_running{model_name="%(m)s"} %(running)s
@@ -109,14 +111,6 @@ async def rig() -> AsyncIterator[tuple[App, Backend, Backend]]:
     await app.stop()
     await faulty.stop()
     await busy.stop()
-
-
-async def until(cond, timeout_s: float = 5.0) -> float:  # type: ignore[no-untyped-def]
-    t0 = time.monotonic()
-    while not cond():
-        assert time.monotonic() - t0 < timeout_s, "timed out"
-        await asyncio.sleep(0.02)
-    return time.monotonic() - t0
 
 
 def chat(i: int) -> HttpRequest:

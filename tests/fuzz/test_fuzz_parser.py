@@ -16,10 +16,11 @@ import pytest_asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bench.stack_config import MODEL
 from extproc.errors import RouterError
 from extproc.prompt.openai import MAX_DEPTH, ParsedRequest, RequestKind, parse_request
 from extproc.types import HttpRequest
-from tests.fuzz.inproc import MODEL, ready_app
+from tests.fuzz.inproc import ready_app
 
 FIELDS = [
     "model", "messages", "prompt", "cache_salt", "stream", "max_tokens", "max_completion_tokens",

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -24,10 +22,10 @@ from extproc.kvcache.events import (
     parse_replay_reply,
     replay_request,
 )
+from tests.support.golden import golden, golden_case, golden_event_hashes
+from vllm_sim import events as vllm
 
-SHARED = Path("/work/shared/vllm")
-GOLDEN_HASHES = json.loads((SHARED / "golden-hashes.json").read_text())
-GOLDEN_TOKENS = json.loads((SHARED / "golden-tokens.json").read_text())
+GOLDEN_HASHES = golden("golden-hashes.json")
 
 # SPEC §1.3 (map form, >= 0.24) and §1.4 (positional form, <= 0.23): the same batch.
 SPEC_CURRENT_HEX = (
@@ -38,37 +36,14 @@ SPEC_LEGACY_HEX = (
     "93cb41d954fc401000009294ac426c6f636b52656d6f76656491cfec4f29beb1e71e61a34750550091b0416c6c426c6f636b73"
     "436c656172656401"
 )
-
-
-def _golden_doc_summary_hashes() -> list[int]:
-    for v in GOLDEN_HASHES["vectors"]:
-        if (
-            v["case"] == "doc_summary"
-            and v["algo"] == "sha256"
-            and v["pythonhashseed"] is None
-            and v["block_size"] == 16
-            and v["cache_salt"] is None
-            and v["lora"] is None
-        ):
-            return list(v["event_block_hashes"])
-    raise AssertionError("golden vector doc_summary/sha256/default/bs16 missing")
-
-
-def _golden_doc_summary_tokens() -> list[int]:
-    for c in GOLDEN_TOKENS["cases"]:
-        if c["name"] == "doc_summary":
-            return list(c["token_ids"])
-    raise AssertionError("golden tokens doc_summary missing")
-
-
 # -- golden: vLLM 0.33.0's own encoding ----------------------------------------------------------------------
 
 
 def test_golden_event_batch_payload() -> None:
     eb = GOLDEN_HASHES["event_batch"]
     batch = decode_batch(bytes.fromhex(eb["payload_hex"]))
-    golden = _golden_doc_summary_hashes()
-    tokens = _golden_doc_summary_tokens()
+    hashes = golden_event_hashes("doc_summary")
+    tokens = golden_case("doc_summary")["token_ids"]
 
     assert batch.ts == 1764400000.5
     assert batch.dp_rank == 0
@@ -78,7 +53,7 @@ def test_golden_event_batch_payload() -> None:
     assert isinstance(first, BlockStored) and isinstance(second, BlockStored)
     assert isinstance(removed, BlockRemoved)
 
-    assert first.block_hashes == tuple(golden[0:3])
+    assert first.block_hashes == tuple(hashes[0:3])
     assert first.parent is None
     assert first.token_ids == tuple(tokens[0:48])
     assert first.block_size == 16
@@ -86,13 +61,13 @@ def test_golden_event_batch_payload() -> None:
     assert first.extra_keys == (None, None, None)
     assert first.lookahead is False
 
-    assert second.block_hashes == tuple(golden[3:5])
-    assert second.parent == golden[2]
+    assert second.block_hashes == tuple(hashes[3:5])
+    assert second.parent == hashes[2]
     assert second.token_ids == tuple(tokens[48:80])
     assert second.extra_keys == (None, None)
     assert (second.medium, second.group_idx, second.kind) == ("GPU", 0, "full_attention")
 
-    assert removed == BlockRemoved(block_hashes=(golden[4],), medium="GPU", group_idx=0)
+    assert removed == BlockRemoved(block_hashes=(hashes[4],), medium="GPU", group_idx=0)
 
 
 def test_golden_frames() -> None:
@@ -116,29 +91,10 @@ def test_spec_current_and_legacy_forms_decode_equal() -> None:
     )
 
 
-# -- both forms, encoded here with msgspec structs shaped like vLLM's ----------------------------------------
+# -- both forms, encoded with vllm_sim's copies of vLLM's structs (independent of extproc) ---------------------
 
 
-class _MapEvent(msgspec.Struct, tag=True, omit_defaults=True):
-    pass
-
-
-class _MapStored(_MapEvent, tag="BlockStored"):
-    block_hashes: list[int | bytes]
-    parent_block_hash: int | bytes | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-    extra_keys: list[Any] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    session_id: str | None = None  # a field we do not read: must be ignored
-    lookahead_token_ids: list[list[int]] | None = None
-
-
-class _MapFuture(_MapEvent, tag="BlockPromoted"):  # a tag from some future release
+class _MapFuture(vllm.KVCacheEvent, tag="BlockPromoted"):  # a tag from some future release
     block_hashes: list[int]
 
 
@@ -148,11 +104,11 @@ def _encode(ts: float, events: list[Any], rank: int | None = 0) -> bytes:
 
 def test_bytes_hashes_reduce_to_the_low_64_bits() -> None:
     digest = bytes.fromhex("c6bc808bd9d4d1de6f1596dfc17e2311880fc34d42a0fa18b71bfd862283218f")
-    ev = _MapStored([digest], digest, list(range(16)), 16, None, "GPU", None)
+    ev = vllm.BlockStored([digest], digest, list(range(16)), 16, None, "GPU", None)
     (stored,) = decode_batch(_encode(1.0, [ev])).events
     assert isinstance(stored, BlockStored)
-    assert stored.block_hashes == (_golden_doc_summary_hashes()[0],)
-    assert stored.parent == _golden_doc_summary_hashes()[0]
+    assert stored.block_hashes == (golden_event_hashes("doc_summary")[0],)
+    assert stored.parent == golden_event_hashes("doc_summary")[0]
 
 
 def test_int_hashes_are_masked_to_64_bits() -> None:
@@ -162,7 +118,7 @@ def test_int_hashes_are_masked_to_64_bits() -> None:
 
 
 def test_map_form_ignores_unknown_keys_and_reads_extras() -> None:
-    ev = _MapStored(
+    ev = vllm.BlockStored(  # session_id, lookahead_token_ids: fields we do not read, must be ignored
         [1, 2], None, list(range(32)), 16, 7, "CPU", "adapter-x",
         extra_keys=[["tenant-a"], None], group_idx=1, kv_cache_spec_kind="sliding_window",
         session_id="s-1", lookahead_token_ids=[[1], [2]],

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Collection, Mapping, Sequence
-from pathlib import Path
 
 import pytest
 
@@ -21,17 +19,12 @@ from extproc.kvcache.index import Chain, IndexUnavailable
 from extproc.kvcache.ingest import Ingest, Outcome
 from extproc.kvcache.memory_index import MemoryPrefixIndex
 from extproc.types import BlockHash, EndpointId, EngineBlockHash, HashScheme
+from tests.support.golden import golden_case, golden_event_batch, golden_event_hashes
 
 E = EndpointId("10.0.0.1:8000")
-GOLDEN = json.loads(Path("/work/shared/vllm/golden-hashes.json").read_text())
-GOLDEN_PAYLOAD = bytes.fromhex(GOLDEN["event_batch"]["payload_hex"])
-TOKENS = next(c for c in json.loads(Path("/work/shared/vllm/golden-tokens.json").read_text())["cases"]
-              if c["name"] == "doc_summary")["token_ids"]  # fmt: skip
-HASHES = next(
-    v["event_block_hashes"] for v in GOLDEN["vectors"]
-    if v["case"] == "doc_summary" and v["algo"] == "sha256" and v["pythonhashseed"] is None
-    and v["block_size"] == 16 and v["cache_salt"] is None and v["lora"] is None
-)  # fmt: skip
+GOLDEN_PAYLOAD = golden_event_batch()
+TOKENS = golden_case("doc_summary")["token_ids"]
+HASHES = golden_event_hashes("doc_summary")
 
 
 def stored(first: int, n: int, *, parent: bool = True, **kw: object) -> BlockStored:

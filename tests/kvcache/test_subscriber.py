@@ -16,11 +16,12 @@ from extproc.kvcache.ingest import Ingest, IngestCounters
 from extproc.kvcache.memory_index import MemoryPrefixIndex
 from extproc.kvcache.subscriber import EventSource, KvEventSubscriber, StreamCounters, SubscriberOptions
 from extproc.types import BlockHash, EndpointId, HashScheme
+from tests.support.polling import until
+from vllm_sim.events import AllBlocksCleared
 
 from .vllm_pub import (
     GOLDEN_PAYLOAD,
     HASHES,
-    AllBlocksCleared,
     FakePublisher,
     FutureEvent,
     batch,
@@ -33,15 +34,6 @@ E = EndpointId("127.0.0.1:8001")
 OPTIONS = SubscriberOptions(replay_timeout_s=3.0, poll_interval_s=0.05, backoff_initial_s=0.05)
 QUICK_GIVE_UP = SubscriberOptions(replay_timeout_s=0.4, poll_interval_s=0.05, backoff_initial_s=0.05)
 ALL = [BlockHash(h) for h in HASHES]
-
-
-async def until(cond: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:
-    """Wait (bounded) for ``cond`` to hold."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not cond():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 @dataclass

@@ -1,64 +1,30 @@
 """A hand-written stand-in for vLLM's ZmqEventPublisher (PUB + replay ROUTER) and map-form event encoding.
 
-Frames and replay replies follow ``shared/vllm/SPEC.md`` §1.8-1.9; payloads are encoded with msgspec structs
-shaped like vLLM 0.33's (map events, array batch), or taken verbatim from the golden file.
+Frames and replay replies follow ``shared/vllm/SPEC.md`` §1.8-1.9; payloads are encoded with the simulator's
+copies of vLLM 0.33's event structs (``vllm_sim.events``: map events, array batch; it imports nothing of
+extproc, so it is an independent encoder), or taken verbatim from the golden file.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections import deque
-from pathlib import Path
-from typing import Any
 
 import msgspec
 import zmq
 import zmq.asyncio
 
-GOLDEN = json.loads(Path("/work/shared/vllm/golden-hashes.json").read_text())
-GOLDEN_PAYLOAD = bytes.fromhex(GOLDEN["event_batch"]["payload_hex"])
-TOKENS: list[int] = next(
-    c for c in json.loads(Path("/work/shared/vllm/golden-tokens.json").read_text())["cases"]
-    if c["name"] == "doc_summary"
-)["token_ids"]  # fmt: skip
-HASHES: list[int] = next(
-    v["event_block_hashes"] for v in GOLDEN["vectors"]
-    if v["case"] == "doc_summary" and v["algo"] == "sha256" and v["pythonhashseed"] is None
-    and v["block_size"] == 16 and v["cache_salt"] is None and v["lora"] is None
-)  # fmt: skip
+from tests.support.golden import golden_case, golden_event_batch, golden_event_hashes
+from vllm_sim.events import BlockRemoved, BlockStored, KVCacheEvent
+
+GOLDEN_PAYLOAD = golden_event_batch()
+TOKENS: list[int] = golden_case("doc_summary")["token_ids"]
+HASHES: list[int] = golden_event_hashes("doc_summary")
 END = b"\xff" * 8
 
 
-class _Event(msgspec.Struct, tag=True, omit_defaults=True):
-    pass
-
-
-class BlockStored(_Event):
-    block_hashes: list[int | bytes]
-    parent_block_hash: int | bytes | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-    extra_keys: list[Any] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-
-
-class BlockRemoved(_Event):
-    block_hashes: list[int | bytes]
-    medium: str | None
-    group_idx: int | None = None
-
-
-class AllBlocksCleared(_Event):
-    pass
-
-
-class FutureEvent(_Event):
+class FutureEvent(KVCacheEvent):  # a tag from some future release: must be skipped
     something: int = 1
 
 
@@ -82,7 +48,7 @@ def removed(block: int) -> BlockRemoved:
     return BlockRemoved([HASHES[block]], "GPU", 0)
 
 
-def batch(*events: _Event, ts: float = 1.0, rank: int = 0) -> bytes:
+def batch(*events: KVCacheEvent, ts: float = 1.0, rank: int = 0) -> bytes:
     return msgspec.msgpack.encode([ts, list(events), rank])
 
 

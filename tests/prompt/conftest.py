@@ -1,30 +1,16 @@
-"""Shared fixtures: the real Qwen3 tokenizer (``tokenizer_cache/``) and the golden files (``../shared``)."""
+"""Shared fixtures: the real Qwen3 tokenizer (``tokenizer_cache/``); golden files come from ``tests/support/golden``."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import Any
 
 import pytest
 
+from bench.stack_config import MODEL, REPO
 from extproc.prompt.models import Adapter, BaseModel, ModelRegistry
 from extproc.prompt.tokenizers import EncoderSettings, LoadedTokenizer, PromptTokenizer, TokenizerRegistry
 from extproc.types import LoraAdapter
-
-REPO = Path(__file__).resolve().parents[2]
-GOLDEN = REPO.parent / "shared" / "vllm"
-MODEL = "Qwen/Qwen3-0.6B"
-
-
-def golden(name: str) -> Any:
-    """A golden file; missing means failing, never skipping."""
-    path = GOLDEN / name
-    if not path.is_file():
-        pytest.fail(f"golden file {path} is missing (CI keeps shared/ beside the checkout)")
-    return json.loads(path.read_text(encoding="utf-8"))
 
 
 @pytest.fixture(scope="session")

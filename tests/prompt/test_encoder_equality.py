@@ -30,12 +30,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bench.stack_config import REPO
 from extproc.prompt import tokenizer_cache as tc
 from extproc.prompt.encoders import ENCODER_FAST, ENCODER_HF, EncoderChoice, FastEncoder, HfEncoder
 from extproc.prompt.models import BaseModel
 from extproc.prompt.tokenizers import EncoderSettings, TokenizerRegistry, load_hf_tokenizer
 
-REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / "tokenizer_cache"
 SPM_MODEL = "mistralai/Mistral-7B-Instruct-v0.3"
 

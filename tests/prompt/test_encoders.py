@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
-from pathlib import Path
 from typing import Any
 
+from bench.stack_config import REPO
 from extproc.prompt.encoders import ENCODER_HF, EncoderChoice, HfEncoder, ShadowCheck, check_corpus, self_check
 from extproc.prompt.models import BaseModel
 from extproc.prompt.tokenizers import EncoderSettings, TokenizerRegistry
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 class Words:

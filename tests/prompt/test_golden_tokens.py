@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
+from bench.stack_config import MODEL
 from extproc.prompt.models import ModelRegistry
 from extproc.prompt.openai import RequestKind, kind_for_path, parse_request
 from extproc.prompt.render import render_and_tokenize_sync
 from extproc.prompt.tokenizers import LoadedTokenizer, PromptTokenizer
-
-from .conftest import MODEL, golden
+from tests.support.golden import golden
 
 CASES = golden("golden-tokens.json")["cases"]
 

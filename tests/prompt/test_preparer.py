@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
+from bench.stack_config import MODEL, REPO
 from extproc.config import RouterConfig
 from extproc.errors import BadRequest, UnknownModel, UnsupportedMediaType
 from extproc.prompt.models import ModelRegistry
 from extproc.prompt.preparer import INLINE_PARSE_BYTES, RequestPreparer, build_preparer, registry_from_config
 from extproc.prompt.tokenizers import PromptTokenizer
 from extproc.types import HttpRequest, LoraAdapter
-
-from .conftest import MODEL, REPO, golden
+from tests.support.golden import golden
 
 CASES = {c["name"]: c for c in golden("golden-tokens.json")["cases"]}
 

@@ -21,8 +21,7 @@ from extproc.prompt.render import (
     truncate,
 )
 from extproc.prompt.tokenizers import LoadedTokenizer
-
-from .conftest import golden
+from tests.support.golden import golden
 
 STRING = TemplateInfo(variables=None, content_format="string", has_developer_role=False)
 OPENAI = TemplateInfo(variables=None, content_format="openai", has_developer_role=True)

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from extproc_fakes import A, B, FixedHandler, ModelHandler
-from extproc_wire import (
+
+from extproc.protocol import ProcessorOptions
+from extproc.protocol.pb import external_processor_pb2_grpc
+from extproc.types import PassThrough, Route
+from tests.protocol.extproc_fakes import A, B, FixedHandler, ModelHandler
+from tests.protocol.extproc_wire import (
     CHAT_HEADERS,
     Mode,
     body_msg,
@@ -19,10 +23,6 @@ from extproc_wire import (
     serving,
     trailers_msg,
 )
-
-from extproc.protocol import ProcessorOptions
-from extproc.protocol.pb import external_processor_pb2_grpc
-from extproc.types import PassThrough, Route
 
 DEST = "x-gateway-destination-endpoint"
 PICK = f"{A},{B}"

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from extproc_descriptor_summary import OUR_MODULES, summarize_modules
+
+from tests.protocol.extproc_descriptor_summary import OUR_MODULES, summarize_modules
 
 HERE = Path(__file__).resolve().parent
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from extproc_envoy_stack import envoy, envoy_config, free_port, upstreams
 
 from extproc.errors import UnknownModel
 from extproc.protocol import ProcessorOptions, start_server
 from extproc.types import EndpointId, HttpRequest, PassThrough, Route
+from tests.protocol.extproc_envoy_stack import envoy, upstreams
 
 pytestmark = [pytest.mark.envoy, pytest.mark.slow]
 
@@ -49,10 +49,8 @@ class ServedByModel(ByModel):
 async def gateway(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[str, list[int]]]:
     async with upstreams(2) as ports:
         server = await start_server(ByModel(ports), host="127.0.0.1", port=0)
-        listen = free_port()
         try:
-            config = envoy_config(listen, server.port, ports, request.param)
-            async with envoy(config, tmp_path, listen) as url:
+            async with envoy(tmp_path, server.port, ports, request.param) as url:
                 yield url, ports
         finally:
             await server.stop(grace_s=None)
@@ -96,10 +94,9 @@ async def test_served_endpoint_feedback_with_stream_kept_open(mode: str, tmp_pat
         handler = ServedByModel(ports)
         options = ProcessorOptions(close_after_pick=False)
         server = await start_server(handler, host="127.0.0.1", port=0, options=options)
-        listen = free_port()
-        config = envoy_config(listen, server.port, ports, mode, response_headers=True)
         try:
-            async with envoy(config, tmp_path, listen) as url, aiohttp.ClientSession() as http:
+            async with envoy(tmp_path, server.port, ports, mode, response_headers=True) as url, \
+                    aiohttp.ClientSession() as http:
                 body = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
                 headers = {"x-request-id": "req-served"}
                 async with http.post(f"{url}/v1/chat/completions", json=body, headers=headers) as resp:

@@ -6,19 +6,6 @@ import asyncio
 
 import grpc
 import pytest
-from extproc_fakes import FixedHandler, GatedHandler, ModelHandler
-from extproc_wire import (
-    CHAT_HEADERS,
-    Mode,
-    body_msg,
-    chat_body,
-    chunks,
-    error_json,
-    header_values,
-    headers_msg,
-    run_exchange,
-    serving,
-)
 
 from extproc.errors import (
     BadRequest,
@@ -31,6 +18,19 @@ from extproc.errors import (
 )
 from extproc.protocol import ProcessorOptions
 from extproc.protocol.pb import external_processor_pb2_grpc
+from tests.protocol.extproc_fakes import FixedHandler, GatedHandler, ModelHandler
+from tests.protocol.extproc_wire import (
+    CHAT_HEADERS,
+    Mode,
+    body_msg,
+    chat_body,
+    chunks,
+    error_json,
+    header_values,
+    headers_msg,
+    run_exchange,
+    serving,
+)
 
 MODES = pytest.mark.parametrize(
     "mode", [Mode.BUFFERED, Mode.FULL_DUPLEX_STREAMED], ids=["buffered", "duplex"]

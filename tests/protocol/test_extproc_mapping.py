@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from extproc_wire import metadata
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -13,6 +12,7 @@ from extproc.errors import BadRequest, NoEndpoint, Overloaded, RouterError
 from extproc.protocol import inbound, outbound
 from extproc.protocol.pb import core_pb2
 from extproc.types import EndpointId, Route
+from tests.protocol.extproc_wire import metadata
 
 
 @given(body=st.binary(max_size=200_000), eos=st.booleans())

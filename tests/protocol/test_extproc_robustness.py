@@ -7,8 +7,11 @@ import random
 
 import grpc
 import pytest
-from extproc_fakes import A, B, FixedHandler
-from extproc_wire import (
+
+from extproc.protocol import ProcessorOptions
+from extproc.protocol.pb import external_processor_pb2_grpc
+from tests.protocol.extproc_fakes import A, B, FixedHandler
+from tests.protocol.extproc_wire import (
     Mode,
     body_msg,
     chat_body,
@@ -19,9 +22,6 @@ from extproc_wire import (
     serving,
     trailers_msg,
 )
-
-from extproc.protocol import ProcessorOptions
-from extproc.protocol.pb import external_processor_pb2_grpc
 
 PICK = f"{A},{B}"
 

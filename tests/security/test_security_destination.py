@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from bench.stack_config import MODEL
 from extproc import wire
 from extproc.app import App
 from extproc.backends.vllm_metrics import EngineMetrics
@@ -23,9 +24,10 @@ from extproc.protocol import ProcessorOptions
 from extproc.protocol.exchange import Exchange
 from extproc.protocol.pb import core_pb2, external_processor_pb2
 from extproc.types import EndpointId, HttpRequest, Route
-from tests.e2e.conftest import MODEL, StackFactory
-from tests.fuzz.inproc import ENDPOINTS, ready_app
+from tests.fuzz.inproc import ready_app
+from tests.support.config import ENDPOINTS
 from tests.support.envoy import EchoBackend
+from tests.support.stacks import StackFactory
 
 pb = external_processor_pb2
 A, B, C = (EndpointId(e) for e in ENDPOINTS)
@@ -108,7 +110,7 @@ async def send_forged(url: str, forged: str, n: int) -> list[int]:
 async def test_forged_header_through_envoy_never_reaches_an_unconfigured_host(make_stack: StackFactory) -> None:
     async with EchoBackend() as attacker:
         stack = make_stack(2)
-        url = stack.url("/v1/chat/completions")
+        url = stack.envoy.url("/v1/chat/completions")
         assert await send_forged(url, attacker.endpoint, 8) == [200] * 8
         assert await send_forged(url, f"{attacker.endpoint},{stack.backends[0]}", 4) == [200] * 4
         log = stack.envoy.wait_for_access_log(12)
@@ -133,7 +135,7 @@ async def test_forged_header_naming_a_real_backend_does_not_pin_it_when_the_pick
     stack = make_stack(2)
     assert stack.picker is not None
     stack.picker.stop()
-    url = stack.url("/v1/chat/completions")
+    url = stack.envoy.url("/v1/chat/completions")
     for _ in range(6):  # sequential: the round robin alternates, a honoured header would pin backend 0
         assert await send_forged(url, stack.backends[0], 1) == [200]
     hosts = [e.upstream for e in stack.envoy.wait_for_access_log(6)]

@@ -20,7 +20,7 @@ from extproc.kvcache.ingest import Ingest
 from extproc.kvcache.memory_index import MemoryPrefixIndex
 from extproc.kvcache.subscriber import EventSource, KvEventSubscriber
 from extproc.types import EndpointId, HashScheme
-from tests.fuzz.inproc import router_config
+from tests.support.config import router_config
 
 pytestmark = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
 

@@ -14,9 +14,10 @@ from typing import Any
 import grpc
 import pytest
 
+from bench.stack_config import MODEL
 from extproc.protocol import ProcessorOptions, start_server
 from extproc.protocol.pb import core_pb2, external_processor_pb2, external_processor_pb2_grpc
-from tests.fuzz.inproc import MODEL, ready_app
+from tests.fuzz.inproc import ready_app
 
 pb = external_processor_pb2
 SECRET = "quokka-lantern-5521"

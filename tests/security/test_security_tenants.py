@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench.stack_config import MODEL
 from extproc import wire
 from extproc.app import App
 from extproc.kvcache.hashing import BlockHasher
@@ -21,10 +22,7 @@ from extproc.kvcache.index import PrefixIndex
 from extproc.kvcache.memory_index import MemoryPrefixIndex
 from extproc.redis.prefix_index import RedisPrefixIndex
 from extproc.types import EndpointId, HashScheme, HttpRequest, LoraAdapter, Route
-from tests.contract.conftest import valkey_url
-from tests.fuzz.inproc import MODEL, ready_app
-
-__all__ = ["valkey_url"]
+from tests.fuzz.inproc import ready_app
 
 SCHEMES = [HashScheme(block_size=16), HashScheme(block_size=16, algo="sha256_cbor")]
 salts = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="@/\\\x00"), min_size=1, max_size=128)

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from tests.sim.helpers import TOKENIZER_DIR, load_golden
+from tests.sim.helpers import TOKENIZER_DIR
+from tests.support.golden import golden
 from vllm_sim.tokenize import PromptTokenizer
 
 
@@ -17,10 +18,10 @@ def tokenizer() -> PromptTokenizer:
 
 @pytest.fixture(scope="session")
 def golden_tokens() -> dict[str, Any]:
-    return {c["name"]: c for c in load_golden("golden-tokens.json")["cases"]}
+    return {c["name"]: c for c in golden("golden-tokens.json")["cases"]}
 
 
 @pytest.fixture(scope="session")
 def golden_hashes() -> dict[str, Any]:
-    data: dict[str, Any] = load_golden("golden-hashes.json")
+    data: dict[str, Any] = golden("golden-hashes.json")
     return data

@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from tests.sim.helpers import load_golden
+from tests.support.golden import golden
 from vllm_sim.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -21,8 +21,8 @@ from vllm_sim.events import (
 from vllm_sim.hashing import DEFAULT_NONE_HASH_SEED, BlockHasher, LoraKey, to_event_hash
 from vllm_sim.tokenize import ChatInput, PromptTokenizer
 
-_VECTORS = load_golden("golden-hashes.json")["vectors"]
-_CASES = load_golden("golden-tokens.json")["cases"]
+_VECTORS = golden("golden-hashes.json")["vectors"]
+_CASES = golden("golden-tokens.json")["cases"]
 
 
 def _vector_id(v: dict[str, Any]) -> str:
@@ -79,12 +79,12 @@ def _golden_batch_records(golden_tokens: dict[str, Any]) -> list[Any]:
 
 
 def test_event_batch_bytes_match_golden(golden_tokens: dict[str, Any]) -> None:
-    batch = load_golden("golden-hashes.json")["event_batch"]
-    golden = bytes.fromhex(batch["payload_hex"])
+    batch = golden("golden-hashes.json")["event_batch"]
+    expected = bytes.fromhex(batch["payload_hex"])
     ours = EventEncoder().encode(_golden_batch_records(golden_tokens), ts=1764400000.5, rank=0)
-    assert msgspec.msgpack.decode(ours) == msgspec.msgpack.decode(golden)
-    assert ours == golden
-    assert bytes.fromhex(batch["frames_hex"][2]) == golden
+    assert msgspec.msgpack.decode(ours) == msgspec.msgpack.decode(expected)
+    assert ours == expected
+    assert bytes.fromhex(batch["frames_hex"][2]) == expected
 
 
 def test_spec_examples_map_and_legacy_bytes() -> None:

@@ -8,7 +8,7 @@ Usage, as a context manager::
         envoy.wait_for_access_log(1)                   # parsed AccessLogEntry list
         envoy.counter("cluster.picked.upstream_rq_retry")
 
-or as a pytest fixture: ``from tests.support.envoy import envoy_factory`` in a test module or conftest, then
+or as the pytest fixture ``envoy_factory`` (registered for every test by ``tests/conftest.py``):
 ``envoy = envoy_factory(["127.0.0.1:8001"], picker_port=9002, body_mode="full_duplex_streamed")``; every
 Envoy it started is stopped at teardown. ``start()`` blocks (about 0.3-1 s); from async code that only
 matters if the test needs its event loop meanwhile (then ``await asyncio.to_thread(envoy.start)``).
@@ -35,6 +35,7 @@ from bench.envoy_proc import (
     EnvoyStartError,
     envoy_binary,
     parse_access_log_line,
+    start_on_free_ports,
     validate,
 )
 from extproc.envoy_config import EnvoyOptions
@@ -77,16 +78,9 @@ def options_for_test(endpoints: Sequence[str], *, workdir: Path, **overrides: An
 EnvoyFactory = Callable[..., EnvoyProcess]
 
 
-def start_envoy(endpoints: Sequence[str], workdir: Path, attempts: int = 3, **overrides: Any) -> EnvoyProcess:
-    """Start Envoy on fresh free ports; if a port was taken meanwhile (Envoy exits), retry on new ones."""
-    for attempt in range(1, attempts + 1):
-        envoy = EnvoyProcess(options_for_test(endpoints, workdir=workdir, **overrides), workdir)
-        try:
-            return envoy.start()
-        except EnvoyStartError:
-            if attempt == attempts or "ddress already in use" not in envoy.log_tail():
-                raise
-    raise AssertionError("unreachable")
+def start_envoy(endpoints: Sequence[str], workdir: Path, **overrides: Any) -> EnvoyProcess:
+    """Start Envoy on fresh free ports (new ones if a port was taken meanwhile: ``start_on_free_ports``)."""
+    return start_on_free_ports(lambda: EnvoyProcess(options_for_test(endpoints, workdir=workdir, **overrides), workdir))
 
 
 @pytest.fixture

@@ -2,34 +2,21 @@
 
 from __future__ import annotations
 
-import json
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from extproc.kvcache.hashing import BlockHasher, to_event_int
 from extproc.types import HashScheme, LoraAdapter
-
-GOLDEN = Path(__file__).resolve().parents[2].parent / "shared" / "vllm"
-
-
-@cache
-def _load(name: str) -> Any:
-    path = GOLDEN / name
-    if not path.is_file():  # a missing golden file fails; it never skips
-        pytest.fail(f"golden file {path} is missing (CI keeps shared/ beside the checkout)")
-    return json.loads(path.read_text(encoding="utf-8"))
+from tests.support.golden import golden, golden_case
 
 
 def _tokens(case: str) -> list[int]:
-    cases = {c["name"]: c for c in _load("golden-tokens.json")["cases"]}
-    return list(cases[case]["token_ids"])
+    return list(golden_case(case)["token_ids"])
 
 
 def _vectors() -> list[Any]:
-    return list(_load("golden-hashes.json")["vectors"])
+    return list(golden("golden-hashes.json")["vectors"])
 
 
 def _vector_id(v: dict[str, Any]) -> str:

@@ -4,142 +4,23 @@ import asyncio
 import dataclasses
 import json
 import logging
-import random
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from extproc import wire
-from extproc.backends.inflight import InflightLoad
 from extproc.backends.registry import EndpointRegistry
-from extproc.backends.vllm_metrics import EngineMetrics
-from extproc.config import SchedulingConfig
 from extproc.errors import BadRequest, NoEndpoint
-from extproc.kvcache.index import IndexUnavailable
-from extproc.observability import RouterMetrics
-from extproc.prompt.openai import kind_for_path
-from extproc.router import Router, RouterDeps, RouterSettings
-from extproc.scheduling.build import build_profile
+from extproc.router import RouterSettings
 from extproc.types import (
-    BlockHash,
     Endpoint,
     EndpointId,
-    HashScheme,
     HttpRequest,
-    LoraAdapter,
     PassThrough,
-    PreparedPrompt,
     Reason,
     Route,
-    Tenant,
 )
-
-A, B = EndpointId("127.0.0.1:8001"), EndpointId("127.0.0.1:8002")
-
-
-class FakePreparer:
-    def __init__(self, tokens: list[int] | None) -> None:
-        self.tokens = tokens
-        self.budgets: list[float | None] = []
-
-    def parses(self, path: str) -> bool:
-        return kind_for_path(path) is not None  # the real parser's classification
-
-    async def prepare(self, request: HttpRequest, tokenize_within_s: float | None = None) -> PreparedPrompt:
-        self.budgets.append(tokenize_within_s)
-        if tokenize_within_s is not None and tokenize_within_s <= 0:
-            return PreparedPrompt("m", "m", None, None, None)
-        if request.body == b"bad":
-            raise BadRequest("bad body")
-        return PreparedPrompt("m", "m", None, None, self.tokens)
-
-
-class FakeHasher:
-    """Hash of each block's whole prefix; nothing is ever cached (``missing_blocks`` = every block)."""
-
-    @dataclass
-    class Pending:
-        tokens: Sequence[int]
-        missing_blocks: int
-
-    def start(
-        self, scheme: HashScheme, tokens: Sequence[int], lora: LoraAdapter | None, salt: str | None
-    ) -> "FakeHasher.Pending":
-        return FakeHasher.Pending(tokens, len(tokens) // scheme.block_size)
-
-    def finish(self, scheme: HashScheme, pending: "FakeHasher.Pending") -> list[BlockHash]:
-        size = scheme.block_size
-        return [BlockHash(hash(tuple(pending.tokens[: (i + 1) * size]))) for i in range(pending.missing_blocks)]
-
-
-class DictIndex:
-    def __init__(self, fail: bool = False, delay_s: float = 0.0) -> None:
-        self.held: dict[EndpointId, set[BlockHash]] = {}
-        self.ttls: list[tuple[EndpointId, float | None]] = []  # (endpoint, ttl_s) of every store
-        self.fail, self.delay_s = fail, delay_s
-
-    async def match(
-        self, hashes: Sequence[BlockHash], endpoints: Collection[EndpointId]
-    ) -> Mapping[EndpointId, int]:
-        if self.fail:
-            raise IndexUnavailable("down")
-        await asyncio.sleep(self.delay_s)
-        out = {}
-        for e in endpoints:
-            n = 0
-            while n < len(hashes) and hashes[n] in self.held.get(e, set()):
-                n += 1
-            out[e] = n
-        return out
-
-    async def store(
-        self, endpoint: EndpointId, hashes: Sequence[BlockHash], *, ttl_s: float | None = None, **_: object
-    ) -> None:
-        self.held.setdefault(endpoint, set()).update(hashes)
-        self.ttls.append((endpoint, ttl_s))
-
-    async def remove(self, endpoint: EndpointId, hashes: Sequence[BlockHash]) -> None: ...
-    async def clear(self, endpoint: EndpointId) -> None: ...
-    async def close(self) -> None: ...
-
-
-def make_router(
-    tokens: list[int] | None = None,
-    *,
-    precise: DictIndex | None = None,
-    approx: DictIndex | None = None,
-    registry: EndpointRegistry | None = None,
-    precise_endpoints: Callable[[], frozenset[EndpointId]] = frozenset,
-    settings: RouterSettings | None = None,
-) -> tuple[Router, DictIndex, InflightLoad]:
-    registry = registry or EndpointRegistry([Endpoint(A), Endpoint(B)])
-    for eid in registry.snapshot():
-        registry.scraped(eid, EngineMetrics(running=0, waiting=0, kv_usage=0.1, models=frozenset({"m"})))
-    approx = approx or DictIndex()
-    inflight = InflightLoad(10000.0)
-    deps = RouterDeps(
-        preparer=FakePreparer(tokens if tokens is not None else list(range(1000))),
-        hasher=FakeHasher(),
-        scheme_for=lambda m: HashScheme(),
-        tenant_for=lambda t: Tenant(t),
-        registry=registry,
-        inflight=inflight,
-        precise=precise or DictIndex(),
-        approx=approx,
-        precise_endpoints=precise_endpoints,
-        profile=build_profile(SchedulingConfig(prefill_tokens_per_s=10000.0)),
-        metrics=RouterMetrics(CollectorRegistry()),
-        executor=ThreadPoolExecutor(1),
-    )
-    return Router(deps, settings or RouterSettings(), rng=random.Random(0)), approx, inflight
-
-
-def post(body: bytes = b"{}", path: str = "/v1/chat/completions", subset=None) -> HttpRequest:
-    return HttpRequest("POST", path, {}, body, "req-1", subset)
+from tests.support.router_fakes import A, B, DictIndex, make_router, post
 
 
 async def test_non_llm_requests_pass_through() -> None:
@@ -191,8 +72,11 @@ async def test_index_failure_routes_by_load(index: DictIndex) -> None:
 
 
 async def test_a_lookup_past_its_deadline_is_logged_at_info_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
-    router, _, _ = make_router(precise=DictIndex(delay_s=0.2), precise_endpoints=lambda: frozenset({A, B}),
-                               settings=RouterSettings(lookup_deadline_s=0.01))
+    router, _, _ = make_router(
+        precise=DictIndex(delay_s=0.2),
+        precise_endpoints=lambda: frozenset({A, B}),
+        settings=RouterSettings(lookup_deadline_s=0.01),
+    )
     with caplog.at_level(logging.INFO, logger="extproc.router"):
         for _ in range(3):
             await router.route(post())

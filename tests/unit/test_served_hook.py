@@ -4,7 +4,7 @@ import asyncio
 
 from extproc.router import RouterSettings
 from extproc.types import Route
-from tests.unit.test_router import A, B, make_router, post
+from tests.support.router_fakes import A, B, make_router, post
 
 
 def _served(router: object, outcome: str) -> float:

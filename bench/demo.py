@@ -1,4 +1,5 @@
-"""``extproc demo``: the classic case, through the picker and through Envoy's round robin, side by side.
+"""The demo (``python -m bench.demo``, what ``scripts/demo.sh`` runs): the classic case, through the picker
+and through Envoy's round robin, side by side.
 
 Starts simulated vLLM backends (default: 4, the simulator's H100/Llama-3-8B timing), one picker on the
 in-memory index and two real Envoys on the same backends: one with the picker (ext_proc, override_host),
@@ -24,13 +25,14 @@ import shutil
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from bench.chat_client import ChatResult
-    from bench.stack import Stack
+import aiohttp
+
+from bench.chat_client import ChatResult, stream_chat
+from bench.stack import Stack, StackSpec
 
 SYSTEM_PROMPT = "You are a careful analyst. Answer from the document only."
 QUESTIONS = {
@@ -79,7 +81,7 @@ SCRIPT: tuple[tuple[str, str, str, bool], ...] = (
 def document(topic: str) -> str:
     """A long, deterministic document (same text on every run and machine: ``random`` seeded by a str)."""
     opening, subjects, places, items = _TOPICS[topic]
-    rng = random.Random(f"extproc-demo/{topic}")
+    rng = random.Random(f"extproc-demo/{topic}")  # the seed of the demo's old home: the same documents
     paragraphs, sentences = [], [opening]
     for i in range(1, items + 1):
         sentences.append(
@@ -113,10 +115,6 @@ def turns(count: int) -> list[Turn]:
 
 async def replay(base_url: str, script: list[Turn]) -> list[ChatResult]:
     """Send ``script`` one request at a time (streamed) to ``base_url``; raises on a non-200 answer."""
-    import aiohttp
-
-    from bench.chat_client import stream_chat
-
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
     results = []
     async with aiohttp.ClientSession(timeout=timeout) as session:
@@ -170,8 +168,6 @@ def print_table(
 
 
 def run_demo(args: argparse.Namespace, workdir: Path) -> int:
-    from bench.stack import Stack, StackSpec
-
     script = turns(args.requests)
     real = args.engine == "vllm-cpu"  # real vLLM CPU engines (docs/real-vllm.md): block size 128, 2 by default
     backends = args.backends or (2 if real else 4)
@@ -180,7 +176,7 @@ def run_demo(args: argparse.Namespace, workdir: Path) -> int:
                      block_size=128 if real else 16)  # fmt: skip
     mode = "KV events" if args.kv_events else "its own routing history"
     what = "real vLLM CPU engines (tiny dummy-weight Qwen3)" if real else f"simulated vLLM backends ({args.profile})"
-    print(f"extproc demo: {backends} {what}, the picker (in-memory "
+    print(f"demo: {backends} {what}, the picker (in-memory "
           f"index fed by {mode}), real Envoy; {len(script)} requests per run", flush=True)  # fmt: skip
     started = time.monotonic()
     stack = Stack(spec, workdir)
@@ -227,15 +223,13 @@ def _picker_reasons(stack: Stack, count: int) -> list[str]:
 
 def _precise_endpoints(stack: Stack) -> int:
     """The picker's ``router_precise_endpoints`` gauge: backends whose KV-event stream it trusts."""
-    import urllib.request
-
     with urllib.request.urlopen(stack.picker_metrics_url, timeout=5) as resp:
         text = resp.read().decode()
     lines = [line for line in text.splitlines() if line.startswith("router_precise_endpoints ")]
     return int(float(lines[0].split()[-1])) if lines else 0
 
 
-def _main(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace) -> int:
     if args.workdir:
         workdir = Path(args.workdir)
         return run_demo(args, workdir)
@@ -256,9 +250,9 @@ def _positive(value: str) -> int:
     return number
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register the ``demo`` subcommand on ``sub``."""
-    p = sub.add_parser("demo", help="run the cache-aware routing demo (simulated backends, picker, Envoy)")
+def build_parser() -> argparse.ArgumentParser:
+    """The demo's options (``python -m bench.demo --help``)."""
+    p = argparse.ArgumentParser(prog="python -m bench.demo", description="the cache-aware routing demo")
     p.add_argument("--backends", type=_positive, default=None, help="vLLM backends (default 4 simulated, 2 real)")
     p.add_argument("--engine", choices=("sim", "vllm-cpu"), default="sim",
                    help="vllm-sim, or real vLLM CPU engines (scripts/setup.sh --with-vllm-cpu)")  # fmt: skip
@@ -268,4 +262,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="backends publish KV events and the picker follows them (precise mode)")  # fmt: skip
     p.add_argument("--keep-logs", action="store_true", help="keep the work dir with every process's log")
     p.add_argument("--workdir", default=None, help="work dir to use (kept); default: a temporary one")
-    p.set_defaults(func=_main)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    return _run(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

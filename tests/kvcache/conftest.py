@@ -1,5 +1,0 @@
-"""Fixtures for the kvcache tests: the real servers the contract suite uses (Valkey 9, and Redis 7 where present)."""
-
-from tests.contract.conftest import redis7_url, server_url, valkey_url
-
-__all__ = ["redis7_url", "server_url", "valkey_url"]
