@@ -168,8 +168,7 @@ class App:
 
     def _kv_counters(self) -> list[tuple[str, object]]:
         """The write path's counters, exported as ``router_kv_<group>_<field>``."""
-        return [("ingest", self.feed.ingest.counters), ("stream", self.feed.subscriber.counters),
-                *self.indexes.counters]  # fmt: skip
+        return [*self.feed.counters(), *self.indexes.counters]
 
     def _scheme_of(self, eid: EndpointId) -> HashScheme | None:
         """The hash scheme an endpoint's engine should use: that of the (first) model it serves."""

