@@ -56,8 +56,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--report-only", type=Path, default=None, help="re-render the report of a results folder")
     p.add_argument("--no-plots", action="store_true", help="report without PNG plots")
-    p.add_argument("--repeat", type=int, default=1,
-                   help="runs per cell (the median run by TTFT p90 is reported, with the spread)")
+    p.add_argument(
+        "--repeat", type=int, default=1, help="runs per cell (the median run by TTFT p90 is reported, with the spread)"
+    )
     return p
 
 

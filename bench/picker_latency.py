@@ -336,10 +336,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="1K,8K,32K", help="prompt sizes in tokens (K = 1024)")
     p.add_argument("--concurrency", default="1,16,64", help="client concurrency levels")
     p.add_argument("--backends", type=int, default=4)
-    p.add_argument("--agent-tokens", type=int, default=None,
-                   help="the agent cell's final context (default 100K, 16K with --quick); 0 = no cell")
-    p.add_argument("--picker-tree", type=Path, default=None,
-                   help="run the picker from this checkout (e.g. `git worktree add /tmp/before HEAD~1`)")
+    p.add_argument(
+        "--agent-tokens",
+        type=int,
+        default=None,
+        help="the agent cell's final context (default 100K, 16K with --quick); 0 = no cell",
+    )
+    p.add_argument(
+        "--picker-tree",
+        type=Path,
+        default=None,
+        help="run the picker from this checkout (e.g. `git worktree add /tmp/before HEAD~1`)",
+    )
     p.add_argument("--workdir", default=None, help="keep logs here (default: a temporary dir, removed)")
     args = p.parse_args(argv)
     if args.agent_tokens is None:

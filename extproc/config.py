@@ -48,7 +48,7 @@ class ModelConfig(_Strict):
 class KvEventsConfig(_Strict):
     endpoint: str = Field(description="the engine's PUB endpoint, e.g. tcp://127.0.0.1:5557")
     replay_endpoint: str | None = Field(None, description="the engine's ROUTER replay endpoint")
-    topic: str = Field("", description="ZMQ topic to subscribe to, as vLLM's kv_events_config.topic; \"\" = all")
+    topic: str = Field("", description='ZMQ topic to subscribe to, as vLLM\'s kv_events_config.topic; "" = all')
 
 
 class EndpointConfig(_Strict):
@@ -243,13 +243,13 @@ class TenantsConfig(_Strict):
 class _IndexCommon(_Strict):
     enabled: bool = Field(True, description="false: route by load alone (no hashing, no lookups)")
     lookup_deadline_s: float = Field(
-        0.005, gt=0, description="per lookup of the precise index (the approximate one gets twice this); a "
-        "lookup past it counts as no match, so the request is routed by load and our own guesses"
+        0.005,
+        gt=0,
+        description="per lookup of the precise index (the approximate one gets twice this); a "
+        "lookup past it counts as no match, so the request is routed by load and our own guesses",
     )
     approx_ttl_s: float = Field(600.0, gt=0, description="approximate entries expire after this")
-    approx_capacity_blocks: int = Field(
-        20000, gt=0, description="per endpoint, when its KV capacity is not discovered"
-    )
+    approx_capacity_blocks: int = Field(20000, gt=0, description="per endpoint, when its KV capacity is not discovered")
     burst_mark_ttl_s: float = Field(2.0, gt=0, description="sibling marks on event-fed endpoints")
     max_blocks: int = Field(8192, gt=0, description="hash at most this many leading blocks per request")
 
@@ -262,9 +262,7 @@ class MemoryIndexConfig(_IndexCommon):
 
 class LeasesConfig(_Strict):
     enabled: bool = Field(True, description="one replica at a time applies each endpoint's KV events (fencing)")
-    ttl_s: float = Field(
-        2.0, ge=0.3, description="a dead replica's event streams fail over within about this + 0.3 s"
-    )
+    ttl_s: float = Field(2.0, ge=0.3, description="a dead replica's event streams fail over within about this + 0.3 s")
 
 
 class RedisIndexConfig(_IndexCommon):
@@ -340,7 +338,7 @@ class TokenizerConfig(_Strict):
         ge=0,
         le=1,
         description="share of fast encodings re-encoded with HF off the hot path; a mismatch switches that "
-        "model to HF (router_tokenizer_checks{result=\"mismatch\"})",
+        'model to HF (router_tokenizer_checks{result="mismatch"})',
     )
     inline_body_bytes: int = Field(
         64 * 1024, ge=0, description="bodies up to this are rendered and encoded on the event loop (fast encoder)"

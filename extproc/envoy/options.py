@@ -49,9 +49,7 @@ def check_ip_port(value: str) -> str:
     try:
         ipaddress.ip_address(host)
     except ValueError:
-        raise ValueError(
-            f"expected an IP literal in {value!r} (model servers are addressed by ip:port)"
-        ) from None
+        raise ValueError(f"expected an IP literal in {value!r} (model servers are addressed by ip:port)") from None
     return value.strip()
 
 

@@ -148,9 +148,7 @@ def decode_batch(payload: bytes) -> EventBatch:
             unknown += 1
         else:
             events.append(event)
-    return EventBatch(
-        ts=raw.ts, events=tuple(events), dp_rank=raw.data_parallel_rank, unknown_events=unknown
-    )
+    return EventBatch(ts=raw.ts, events=tuple(events), dp_rank=raw.data_parallel_rank, unknown_events=unknown)
 
 
 def parse_frames(frames: Sequence[bytes]) -> tuple[str, int, bytes]:

@@ -49,8 +49,12 @@ class IndexWrites(Protocol):
     (skipped, counted by the gate). Raises ``IndexUnavailable`` when the write was lost."""
 
     async def store(
-        self, endpoint: EndpointId, hashes: Sequence[BlockHash], *,
-        ttl_s: float | None = None, chain: Chain | None = None
+        self,
+        endpoint: EndpointId,
+        hashes: Sequence[BlockHash],
+        *,
+        ttl_s: float | None = None,
+        chain: Chain | None = None,
     ) -> bool | None: ...
 
     async def remove(self, endpoint: EndpointId, hashes: Sequence[BlockHash]) -> bool | None: ...

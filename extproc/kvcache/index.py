@@ -46,9 +46,7 @@ class Chain:
 
 
 class PrefixIndex(Protocol):
-    async def match(
-        self, hashes: Sequence[BlockHash], endpoints: Collection[EndpointId]
-    ) -> Mapping[EndpointId, int]:
+    async def match(self, hashes: Sequence[BlockHash], endpoints: Collection[EndpointId]) -> Mapping[EndpointId, int]:
         """For each of ``endpoints``, how many *leading* blocks of ``hashes`` it holds (a run from block 0).
         ``hashes`` are a prompt's block hashes from its first block (every caller's are); a backend given
         ``Chain`` claims may rely on that.
@@ -59,8 +57,12 @@ class PrefixIndex(Protocol):
         ...
 
     async def store(
-        self, endpoint: EndpointId, hashes: Sequence[BlockHash], *,
-        ttl_s: float | None = None, chain: Chain | None = None
+        self,
+        endpoint: EndpointId,
+        hashes: Sequence[BlockHash],
+        *,
+        ttl_s: float | None = None,
+        chain: Chain | None = None,
     ) -> None:
         """Record that ``endpoint`` now holds ``hashes`` (refreshing LRU position and expiry if present).
 

@@ -87,7 +87,6 @@ class IngestStatus:
 
 @dataclass
 class _EndpointState:
-
     trusted: bool = True
     cold: bool = True
     needs_purge: bool = False
@@ -231,9 +230,7 @@ class Ingest:
 
     def _removed(self, st: _EndpointState, ev: BlockRemoved) -> _Op | None:
         other_group = (
-            ev.group_idx is not None
-            and st.full_attention_group is not None
-            and ev.group_idx != st.full_attention_group
+            ev.group_idx is not None and st.full_attention_group is not None and ev.group_idx != st.full_attention_group
         )
         if ev.medium not in (None, _GPU) or other_group:
             self.counters.ignored_events += 1

@@ -89,15 +89,17 @@ class MemoryPrefixIndex:
 
     # -- PrefixIndex -------------------------------------------------------------------------------------------
 
-    async def match(
-        self, hashes: Sequence[BlockHash], endpoints: Collection[EndpointId]
-    ) -> Mapping[EndpointId, int]:
+    async def match(self, hashes: Sequence[BlockHash], endpoints: Collection[EndpointId]) -> Mapping[EndpointId, int]:
         """Leading-run length per endpoint (endpoints with 0 are omitted). Never raises."""
         return self.match_sync(hashes, endpoints)
 
     async def store(
-        self, endpoint: EndpointId, hashes: Sequence[BlockHash], *,
-        ttl_s: float | None = None, chain: Chain | None = None
+        self,
+        endpoint: EndpointId,
+        hashes: Sequence[BlockHash],
+        *,
+        ttl_s: float | None = None,
+        chain: Chain | None = None,
     ) -> None:
         """Record ``hashes`` on ``endpoint``, refreshing LRU position and expiry; evicts beyond capacity.
         ``chain`` is not needed here: every lookup here is cheap enough to look at each block."""
@@ -120,9 +122,7 @@ class MemoryPrefixIndex:
 
     # -- synchronous core --------------------------------------------------------------------------------------
 
-    def match_sync(
-        self, hashes: Sequence[BlockHash], endpoints: Collection[EndpointId]
-    ) -> dict[EndpointId, int]:
+    def match_sync(self, hashes: Sequence[BlockHash], endpoints: Collection[EndpointId]) -> dict[EndpointId, int]:
         """Synchronous ``match``."""
         now = self._clock() if self._ttl_seen else math.inf
         want = 0
@@ -149,9 +149,7 @@ class MemoryPrefixIndex:
                 result[endpoint] = _held_prefix(runs, low) - 1
         return result
 
-    def store_sync(
-        self, endpoint: EndpointId, hashes: Sequence[BlockHash], *, ttl_s: float | None = None
-    ) -> None:
+    def store_sync(self, endpoint: EndpointId, hashes: Sequence[BlockHash], *, ttl_s: float | None = None) -> None:
         """Synchronous ``store``."""
         if not hashes:
             return

@@ -40,8 +40,12 @@ class MirroredIndex:
             return {}
 
     async def store(
-        self, endpoint: EndpointId, hashes: Sequence[BlockHash], *,
-        ttl_s: float | None = None, chain: Chain | None = None
+        self,
+        endpoint: EndpointId,
+        hashes: Sequence[BlockHash],
+        *,
+        ttl_s: float | None = None,
+        chain: Chain | None = None,
     ) -> None:
         await self._local.store(endpoint, hashes, ttl_s=ttl_s, chain=chain)
         await self._quietly(self._shared.store(endpoint, hashes, ttl_s=ttl_s, chain=chain))

@@ -70,8 +70,13 @@ class FencedIndex(Protocol):
     not the endpoint's current lease token."""
 
     async def store(
-        self, endpoint: EndpointId, hashes: Sequence[BlockHash], *,
-        ttl_s: float | None = None, chain: Chain | None = None, fence: int | None = None
+        self,
+        endpoint: EndpointId,
+        hashes: Sequence[BlockHash],
+        *,
+        ttl_s: float | None = None,
+        chain: Chain | None = None,
+        fence: int | None = None,
     ) -> None: ...
 
     async def remove(self, endpoint: EndpointId, hashes: Sequence[BlockHash], *, fence: int | None = None) -> None: ...
@@ -359,8 +364,12 @@ class _FencedWrites:
         self._leases = leases
 
     async def store(
-        self, endpoint: EndpointId, hashes: Sequence[BlockHash], *,
-        ttl_s: float | None = None, chain: Chain | None = None
+        self,
+        endpoint: EndpointId,
+        hashes: Sequence[BlockHash],
+        *,
+        ttl_s: float | None = None,
+        chain: Chain | None = None,
     ) -> bool:
         index = self._index
         return await self._write(endpoint, lambda t: index.store(endpoint, hashes, ttl_s=ttl_s, chain=chain, fence=t))

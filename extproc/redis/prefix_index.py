@@ -155,9 +155,7 @@ class RedisPrefixIndex:
 
     # -- PrefixIndex -------------------------------------------------------------------------------------
 
-    async def match(
-        self, hashes: Sequence[BlockHash], endpoints: Collection[EndpointId]
-    ) -> Mapping[EndpointId, int]:
+    async def match(self, hashes: Sequence[BlockHash], endpoints: Collection[EndpointId]) -> Mapping[EndpointId, int]:
         """Leading-run length per endpoint (zeros omitted), in one EVALSHA. Raises IndexUnavailable."""
         if not hashes or not endpoints:
             return {}

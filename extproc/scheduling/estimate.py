@@ -33,9 +33,7 @@ def cached_tokens(candidate: Candidate, prompt_tokens: int, block_size: int) -> 
     return min(candidate.cached_blocks, usable_blocks) * block_size
 
 
-def estimate_ttft_s(
-    candidate: Candidate, prompt_tokens: int, block_size: int, params: EstimatorParams
-) -> float:
+def estimate_ttft_s(candidate: Candidate, prompt_tokens: int, block_size: int, params: EstimatorParams) -> float:
     """Estimated seconds until the first token if this request went to ``candidate`` now."""
     load = candidate.load
     uncached = max(prompt_tokens - cached_tokens(candidate, prompt_tokens, block_size), 1)

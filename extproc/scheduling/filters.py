@@ -21,8 +21,4 @@ def eligible(
     subset: frozenset[EndpointId] | None,
 ) -> list[Endpoint]:
     """Healthy endpoints that serve the model and lie in the gateway's subset hint (when given)."""
-    return [
-        e
-        for e in endpoints
-        if e.healthy and serves(e, base_model, lora) and (subset is None or e.id in subset)
-    ]
+    return [e for e in endpoints if e.healthy and serves(e, base_model, lora) and (subset is None or e.id in subset)]

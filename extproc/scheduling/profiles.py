@@ -25,9 +25,7 @@ from extproc.types import Candidate, Decision, EndpointId, Reason, RoutingReques
 
 
 class Profile(Protocol):
-    def decide(
-        self, request: RoutingRequest, candidates: Sequence[Candidate], rng: random.Random
-    ) -> Decision:
+    def decide(self, request: RoutingRequest, candidates: Sequence[Candidate], rng: random.Random) -> Decision:
         """Pick among ``candidates`` (already filtered). Raises NoEndpoint (none) or Overloaded (shed)."""
         ...
 
@@ -41,9 +39,7 @@ class TtftProfile:
     fallbacks: int
     shed_ttft_s: float
 
-    def decide(
-        self, request: RoutingRequest, candidates: Sequence[Candidate], rng: random.Random
-    ) -> Decision:
+    def decide(self, request: RoutingRequest, candidates: Sequence[Candidate], rng: random.Random) -> Decision:
         _require(candidates)
         est = {
             c.endpoint.id: estimate_ttft_s(c, request.prompt_tokens, request.block_size, self.params)
@@ -84,9 +80,7 @@ class WeightedProfile:
     weights: Mapping[str, float]  # scorer name (a key of ``SCORERS``) → weight
     fallbacks: int
 
-    def decide(
-        self, request: RoutingRequest, candidates: Sequence[Candidate], rng: random.Random
-    ) -> Decision:
+    def decide(self, request: RoutingRequest, candidates: Sequence[Candidate], rng: random.Random) -> Decision:
         _require(candidates)
         total: dict[EndpointId, float] = {c.endpoint.id: 0.0 for c in candidates}
         for name, weight in self.weights.items():

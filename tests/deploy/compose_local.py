@@ -40,8 +40,9 @@ def load_compose() -> dict[str, Any]:
 
 def profile_services(compose: dict[str, Any], profile: str) -> dict[str, dict[str, Any]]:
     """The services ``docker compose --profile <profile> up`` starts: those without profiles, plus its own."""
-    return {name: svc for name, svc in compose["services"].items()
-            if not svc.get("profiles") or profile in svc["profiles"]}
+    return {
+        name: svc for name, svc in compose["services"].items() if not svc.get("profiles") or profile in svc["profiles"]
+    }
 
 
 def dockerfile_entrypoint(svc: dict[str, Any]) -> list[str]:
@@ -185,8 +186,9 @@ def _start_picker(stack: LocalStack, name: str, svc: dict[str, Any]) -> None:
         stack.addresses[f"{host}:{container_port}"] = ",".join(p for p in (joined, f"127.0.0.1:{grpc_port}") if p)
 
 
-def envoy_config(stack: LocalStack, boot: dict[str, Any], listen_port: int, admin_port: int,
-                 access_log: Path) -> dict[str, Any]:
+def envoy_config(
+    stack: LocalStack, boot: dict[str, Any], listen_port: int, admin_port: int, access_log: Path
+) -> dict[str, Any]:
     """The bootstrap with local addresses; a DNS name resolving to several replicas becomes a STATIC list."""
     out = copy.deepcopy(boot)
     out["admin"]["address"]["socket_address"] = {"address": "127.0.0.1", "port_value": admin_port}
@@ -204,9 +206,16 @@ def envoy_config(stack: LocalStack, boot: dict[str, Any], listen_port: int, admi
                 hosts += stack.local(f"{sa['address']}:{sa['port_value']}").split(",")
         if hosts:
             cluster["type"] = "STATIC"
-            lbs = [{"endpoint": {"address": {"socket_address": {"address": h.rsplit(":", 1)[0],
-                                                                  "port_value": int(h.rsplit(":", 1)[1])}}}}
-                   for h in hosts]
+            lbs = [
+                {
+                    "endpoint": {
+                        "address": {
+                            "socket_address": {"address": h.rsplit(":", 1)[0], "port_value": int(h.rsplit(":", 1)[1])}
+                        }
+                    }
+                }
+                for h in hosts
+            ]
             cluster["load_assignment"]["endpoints"] = [{"lb_endpoints": lbs}]
     return out
 
@@ -219,12 +228,20 @@ def _start_envoy(stack: LocalStack, name: str, svc: dict[str, Any]) -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     access_log = workdir / "access.log"
     config = envoy_config(stack, boot, listen_port, admin_port, access_log)
-    models = [h for c in config["static_resources"]["clusters"] if c["name"] == "picked"
-              for g in c["load_assignment"]["endpoints"] for lb in g["lb_endpoints"]
-              for h in [f"{lb['endpoint']['address']['socket_address']['address']}:"
-                        f"{lb['endpoint']['address']['socket_address']['port_value']}"]]
-    opts = EnvoyOptions(endpoints=tuple(models), listen_port=listen_port, admin_port=admin_port,
-                        access_log_path=str(access_log))
+    models = [
+        h
+        for c in config["static_resources"]["clusters"]
+        if c["name"] == "picked"
+        for g in c["load_assignment"]["endpoints"]
+        for lb in g["lb_endpoints"]
+        for h in [
+            f"{lb['endpoint']['address']['socket_address']['address']}:"
+            f"{lb['endpoint']['address']['socket_address']['port_value']}"
+        ]
+    ]
+    opts = EnvoyOptions(
+        endpoints=tuple(models), listen_port=listen_port, admin_port=admin_port, access_log_path=str(access_log)
+    )
     stack.envoy = EnvoyProcess(opts, workdir, config=config).start()
 
 
@@ -237,7 +254,8 @@ def run_profile(profile: str, workdir: Path) -> Iterator[LocalStack]:
     try:
         for name in order:
             starter = {0: _start_redis, 1: _start_model_server, 2: _start_picker, 3: _start_envoy}[
-                _rank(services[name])]
+                _rank(services[name])
+            ]
             starter(stack, name, services[name])
         yield stack
     finally:

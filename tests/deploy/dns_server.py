@@ -93,7 +93,8 @@ class LoopbackDns:
             self.port = self._tcp.sockets[0].getsockname()[1]
             try:
                 transport, _ = await loop.create_datagram_endpoint(
-                    Udp, local_addr=("127.0.0.1", self.port), family=socket.AF_INET)
+                    Udp, local_addr=("127.0.0.1", self.port), family=socket.AF_INET
+                )
             except OSError:
                 self._tcp.close()
                 continue

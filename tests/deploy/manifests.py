@@ -31,8 +31,12 @@ def read_kustomization(folder: Path) -> list[dict[str, Any]]:
         for item in gen["files"]:
             key, _, source = item.partition("=")
             data[key] = (folder / (source or key)).read_text()
-        cm = {"apiVersion": "v1", "kind": "ConfigMap",
-              "metadata": {"name": gen["name"], "namespace": gen.get("namespace", namespace)}, "data": data}
+        cm = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": gen["name"], "namespace": gen.get("namespace", namespace)},
+            "data": data,
+        }
         if gen.get("behavior") == "replace":
             objects = [o for o in objects if not (o["kind"] == "ConfigMap" and o["metadata"]["name"] == gen["name"])]
         objects.append(cm)
@@ -75,8 +79,9 @@ def container_port(deployment: dict[str, Any], name_or_number: str | int) -> int
 
 def pods_selected(objects: Objects, selector: dict[str, str]) -> list[dict[str, Any]]:
     """Deployments whose pod template labels match ``selector``."""
-    return [d for d in objects.all("Deployment")
-            if selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()]
+    return [
+        d for d in objects.all("Deployment") if selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()
+    ]
 
 
 def service_target(objects: Objects, service: str, port: int) -> tuple[dict[str, Any], int]:

@@ -36,8 +36,11 @@ async def test_document_questions_through_the_sim_profile(tmp_path: Path) -> Non
                 async with session.post(url, json=body) as resp:
                     answers.append((resp.status, await resp.json(content_type=None)))
         log = stack.envoy.wait_for_access_log(2)
-        decided = {name: len(proc.log_matches(r'"reason": "(load|cache)"'))
-                   for name, proc in stack.procs.items() if name.startswith("picker-")}
+        decided = {
+            name: len(proc.log_matches(r'"reason": "(load|cache)"'))
+            for name, proc in stack.procs.items()
+            if name.startswith("picker-")
+        }
     assert decided == {"picker-a": 1, "picker-b": 1}, f"Envoy spreads ext_proc streams over both replicas: {decided}"
     assert [s for s, _ in answers] == [200, 200], answers
     sims = {stack.local("172.28.0.11:8000"), stack.local("172.28.0.12:8000")}

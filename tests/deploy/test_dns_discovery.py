@@ -65,8 +65,9 @@ def test_the_system_nameserver_comes_from_resolv_conf(tmp_path: Path) -> None:
 async def test_discovery_reports_changes_and_keeps_the_last_set_while_dns_fails() -> None:
     seen: list[frozenset[EndpointId]] = []
     async with LoopbackDns({NAME: ["10.0.0.7"]}) as dns:
-        discovery = DnsDiscovery(DnsResolver(("127.0.0.1", dns.port), timeout_s=0.2), NAME, 8000,
-                                 interval_s=0.05, on_change=seen.append)
+        discovery = DnsDiscovery(
+            DnsResolver(("127.0.0.1", dns.port), timeout_s=0.2), NAME, 8000, interval_s=0.05, on_change=seen.append
+        )
         await discovery.start()
         try:
             assert seen == [frozenset({EndpointId("10.0.0.7:8000")})]
@@ -93,7 +94,9 @@ def test_registry_sync_keeps_known_state_and_ignores_updates_for_dropped_endpoin
     assert set(snap) == {a, c}
     assert snap[a].metrics is not None and snap[a].metrics.running == 3
     assert snap[c].metrics is None
-    registry.scraped(b, EngineMetrics(running=1, waiting=0, kv_usage=0.1, models=frozenset()))  # a late scrape of a dropped one
+    registry.scraped(
+        b, EngineMetrics(running=1, waiting=0, kv_usage=0.1, models=frozenset())
+    )  # a late scrape of a dropped one
     registry.failed(b, unreachable=True)
     assert set(registry.snapshot()) == {a, c}
 
@@ -102,9 +105,19 @@ def test_config_needs_endpoints_or_discovery() -> None:
     models = [{"name": "m"}]
     with pytest.raises(ValueError, match="discovery"):
         RouterConfig.model_validate({"models": models})
-    config = RouterConfig.model_validate({"models": models, "discovery": {"dns": {
-        "name": NAME, "port": 8000, "nameserver": "127.0.0.1:5353",
-        "kv_events": {"endpoint": "tcp://{ip}:5557", "replay_endpoint": "tcp://{ip}:6557", "topic": "kv"}}}})
+    config = RouterConfig.model_validate(
+        {
+            "models": models,
+            "discovery": {
+                "dns": {
+                    "name": NAME,
+                    "port": 8000,
+                    "nameserver": "127.0.0.1:5353",
+                    "kv_events": {"endpoint": "tcp://{ip}:5557", "replay_endpoint": "tcp://{ip}:6557", "topic": "kv"},
+                }
+            },
+        }
+    )
     assert config.discovery.dns is not None
     kv = config.discovery.dns.kv_events_for("10.0.0.7")
     assert kv is not None and (kv.endpoint, kv.replay_endpoint) == ("tcp://10.0.0.7:5557", "tcp://10.0.0.7:6557")

@@ -32,11 +32,21 @@ from tests.support.stacks import GieStackFactory, picker_grpc_port, picker_healt
 pytestmark = [pytest.mark.envoy, pytest.mark.slow]
 
 GIE_PICKER: dict[str, Any] = {"protocol": {"close_after_pick": False}}
-ISTIO: dict[str, Any] = {"body_mode": "full_duplex_streamed", "cluster_mode": "override_host",
-                         "send_response_headers": True, "failure_mode_allow": False, "message_timeout_s": 30}
-AI_GATEWAY: dict[str, Any] = {"body_mode": "full_duplex_streamed", "cluster_mode": "original_dst",
-                              "original_dst_source": "header", "send_response_headers": True,
-                              "failure_mode_allow": False, "message_timeout_s": 30}
+ISTIO: dict[str, Any] = {
+    "body_mode": "full_duplex_streamed",
+    "cluster_mode": "override_host",
+    "send_response_headers": True,
+    "failure_mode_allow": False,
+    "message_timeout_s": 30,
+}
+AI_GATEWAY: dict[str, Any] = {
+    "body_mode": "full_duplex_streamed",
+    "cluster_mode": "original_dst",
+    "original_dst_source": "header",
+    "send_response_headers": True,
+    "failure_mode_allow": False,
+    "message_timeout_s": 30,
+}
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
@@ -66,8 +76,12 @@ async def test_istio_wiring_follows_the_cache_learns_the_served_endpoint_and_hon
     # the images' health check (Docker HEALTHCHECK, compose healthcheck), run as a script the way they run it
     script = Path(__file__).resolve().parents[2] / "deploy" / "docker" / "healthcheck.py"
     for service, code in (("readiness", 0), ("liveness", 0), ("no-such-service", 1)):
-        probe = subprocess.run([sys.executable, str(script), f"127.0.0.1:{picker_grpc_port(stack)}", service],
-                               capture_output=True, text=True, timeout=30)
+        probe = subprocess.run(
+            [sys.executable, str(script), f"127.0.0.1:{picker_grpc_port(stack)}", service],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert probe.returncode == code, (service, probe.stderr)
     await document_questions_follow_the_cache(stack)
     log = stack.envoy.wait_for_access_log(2)
@@ -77,8 +91,12 @@ async def test_istio_wiring_follows_the_cache_learns_the_served_endpoint_and_hon
     only = stack.backends[1]
     hinted = stack.add_envoy(**ISTIO, subset_hint=(only,))
     async with aiohttp.ClientSession() as session:
-        results = [await chat(session, hinted.url("/v1/chat/completions"),
-                              [{"role": "user", "content": f"Subset question {i}"}]) for i in range(4)]
+        results = [
+            await chat(
+                session, hinted.url("/v1/chat/completions"), [{"role": "user", "content": f"Subset question {i}"}]
+            )
+            for i in range(4)
+        ]
     assert [s for s, _ in results] == [200] * 4
     assert {e.upstream for e in hinted.wait_for_access_log(4)} == {only}
     assert {e.dest for e in hinted.wait_for_access_log(4)} == {only}, "only the hinted endpoint is offered"
@@ -87,8 +105,12 @@ async def test_istio_wiring_follows_the_cache_learns_the_served_endpoint_and_hon
 async def test_istio_wiring_walks_the_fallback_list_past_a_dead_pick(gie_stack: GieStackFactory) -> None:
     stack = gie_stack(ISTIO, GIE_PICKER, dead=1)
     async with aiohttp.ClientSession() as session:
-        results = [await chat(session, stack.envoy.url("/v1/chat/completions"),
-                              [{"role": "user", "content": f"Question {i} " * 50}]) for i in range(9)]
+        results = [
+            await chat(
+                session, stack.envoy.url("/v1/chat/completions"), [{"role": "user", "content": f"Question {i} " * 50}]
+            )
+            for i in range(9)
+        ]
     assert [s for s, _ in results] == [200] * 9
     log = stack.envoy.wait_for_access_log(9)
     retried = [e for e in log if e.dest.split(",")[0] in stack.dead]
@@ -109,8 +131,12 @@ async def test_ai_gateway_wiring_follows_the_cache_and_fails_over_when_a_backend
     survivor = next(e for e in stack.backends if e != served)
     url = stack.envoy.url("/v1/chat/completions")
     async with aiohttp.ClientSession() as session:  # a client-sent destination is stripped before ext_proc
-        status, _ = await chat(session, url, golden_case("doc_conclusion")["messages"],
-                               headers={"x-gateway-destination-endpoint": survivor})
+        status, _ = await chat(
+            session,
+            url,
+            golden_case("doc_conclusion")["messages"],
+            headers={"x-gateway-destination-endpoint": survivor},
+        )
     assert status == 200 and stack.envoy.wait_for_access_log(3)[2].upstream == served
 
     stack.backend_process(served).stop()

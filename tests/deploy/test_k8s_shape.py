@@ -75,9 +75,13 @@ class Pods:
         argv = with_flag(argv, "--kv-events-config", json.dumps(kv))
         exe = str(Path(sys.executable).parent / "vllm-sim")
         # --sim-kv-events-bind: the pod's "tcp://*" became its own IP, and vLLM's rule would then connect
-        proc = ManagedProcess(f"pod-{ip}", [exe, *argv, "--sim-kv-events-bind"], self.workdir / f"pod-{ip}.log",
-                              cwd=REPO,
-                              env={**os.environ, **self.env})
+        proc = ManagedProcess(
+            f"pod-{ip}",
+            [exe, *argv, "--sim-kv-events-bind"],
+            self.workdir / f"pod-{ip}.log",
+            cwd=REPO,
+            env={**os.environ, **self.env},
+        )
         self.running[ip] = proc.start(lambda: http_ok(f"http://{ip}:{self.port}/health"), timeout_s=90)
         return f"{ip}:{self.port}"
 
@@ -144,8 +148,7 @@ def cluster(tmp_path: Path) -> Iterator[dict[str, Any]]:
         picker.start(lambda: bool(picker.log_matches(PICKER_READY.pattern)), timeout_s=90)
         log = tmp_path / "envoy" / "access.log"
         boot = envoy_config(dns.port, pods, grpc, listen, admin, log)
-        opts = EnvoyOptions(endpoints=("127.0.0.1:1",), listen_port=listen, admin_port=admin,
-                            access_log_path=str(log))
+        opts = EnvoyOptions(endpoints=("127.0.0.1:1",), listen_port=listen, admin_port=admin, access_log_path=str(log))
         envoy = EnvoyProcess(opts, tmp_path / "envoy", config=boot).start()
         yield {"dns": dns, "pods": pods, "envoy": envoy, "picker": picker, "metrics": metrics}
     finally:
@@ -170,8 +173,11 @@ def _picker_metrics(metrics_port: int) -> str:
 
 
 def _picker_healthy(metrics_port: int) -> set[str]:
-    return {line.split('"')[1] for line in _picker_metrics(metrics_port).splitlines()
-            if line.startswith("router_endpoint_healthy{") and line.endswith(" 1.0")}
+    return {
+        line.split('"')[1]
+        for line in _picker_metrics(metrics_port).splitlines()
+        if line.startswith("router_endpoint_healthy{") and line.endswith(" 1.0")
+    }
 
 
 def _precise_endpoints(metrics_port: int) -> int:
@@ -188,11 +194,11 @@ SLOW = {"timeout_s": 60.0, "poll_s": 0.2}  # the waits of this test: up to 60 s 
 async def test_headless_service_endpoints_follow_the_cache_and_track_pods(cluster: dict[str, Any]) -> None:
     envoy, pods, dns = cluster["envoy"], cluster["pods"], cluster["dns"]
     first_two = {f"127.0.0.1:{pods.port}", f"127.0.0.2:{pods.port}"}
-    await until(lambda: _envoy_hosts(envoy) == first_two,
-                what="Envoy's STRICT_DNS cluster to list both pods", **SLOW)
+    await until(lambda: _envoy_hosts(envoy) == first_two, what="Envoy's STRICT_DNS cluster to list both pods", **SLOW)
     assert _envoy_hosts(envoy, "extproc") == {f"127.0.0.1:{_container_port(envoy)}"}
-    await until(lambda: _precise_endpoints(cluster["metrics"]) == 2,
-                what="the picker to follow both pods' KV events", **SLOW)
+    await until(
+        lambda: _precise_endpoints(cluster["metrics"]) == 2, what="the picker to follow both pods' KV events", **SLOW
+    )
 
     summary, conclusion = golden_case("doc_summary"), golden_case("doc_conclusion")
     url = envoy.url("/v1/chat/completions")
@@ -208,12 +214,15 @@ async def test_headless_service_endpoints_follow_the_cache_and_track_pods(cluste
     # The Deployment rolls: both pods go, a new one comes up at another IP. DNS says so; both sides follow.
     new = pods.start("127.0.0.3")
     dns.records[VLLM_NAME] = ["127.0.0.3"]
-    await until(lambda: _envoy_hosts(envoy) == {new},
-                what="Envoy to drop the old pods and add the new one", **SLOW)
-    await until(lambda: new in _picker_healthy(cluster["metrics"]),
-                what="the picker to discover and scrape the new pod", **SLOW)
-    await until(lambda: _precise_endpoints(cluster["metrics"]) == 1,
-                what="KV events: the new pod followed, old ones not", **SLOW)
+    await until(lambda: _envoy_hosts(envoy) == {new}, what="Envoy to drop the old pods and add the new one", **SLOW)
+    await until(
+        lambda: new in _picker_healthy(cluster["metrics"]), what="the picker to discover and scrape the new pod", **SLOW
+    )
+    await until(
+        lambda: _precise_endpoints(cluster["metrics"]) == 1,
+        what="KV events: the new pod followed, old ones not",
+        **SLOW,
+    )
     async with aiohttp.ClientSession() as session:
         results = [await chat(session, url, [{"role": "user", "content": f"After the roll {i}"}]) for i in range(3)]
     assert [s for s, _ in results] == [200] * 3

@@ -57,8 +57,12 @@ def _config(text: str) -> RouterConfig:
 
 def _model_args(config: RouterConfig) -> dict[str, str]:
     model = config.models[0]
-    return {"model": model.name, "--block-size": str(model.block_size),
-            "--prefix-caching-hash-algo": str(model.hash_algo), "PYTHONHASHSEED": str(model.hash_seed)}
+    return {
+        "model": model.name,
+        "--block-size": str(model.block_size),
+        "--prefix-caching-hash-algo": str(model.hash_algo),
+        "PYTHONHASHSEED": str(model.hash_seed),
+    }
 
 
 def _check_model_server(args: list[str], env: dict[str, str], config: RouterConfig) -> None:
@@ -81,8 +85,9 @@ def test_every_yaml_file_parses(path: Path) -> None:
     assert docs and all(isinstance(d, dict) for d in docs)
     for doc in docs:
         if "apiVersion" in doc:
-            assert doc.get("kind") and (doc.get("metadata", {}).get("name") or doc["kind"] in (
-                "Kustomization", "Component")), f"{path}: object without kind/name"
+            assert doc.get("kind") and (
+                doc.get("metadata", {}).get("name") or doc["kind"] in ("Kustomization", "Component")
+            ), f"{path}: object without kind/name"
 
 
 @pytest.mark.parametrize("path", sorted(render.RENDERED), ids=lambda p: str(p.relative_to(REPO)))
@@ -91,8 +96,9 @@ def test_rendered_files_are_fresh(path: Path) -> None:
 
 
 @pytest.mark.envoy
-@pytest.mark.parametrize("path", [DEPLOY / "compose" / "envoy.yaml", DEPLOY / "k8s" / "envoy" / "envoy.yaml"],
-                         ids=["compose", "k8s"])
+@pytest.mark.parametrize(
+    "path", [DEPLOY / "compose" / "envoy.yaml", DEPLOY / "k8s" / "envoy" / "envoy.yaml"], ids=["compose", "k8s"]
+)
 def test_envoy_bootstraps_validate(path: Path) -> None:
     result = validate(path)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -133,9 +139,12 @@ def test_compose_model_servers_agree_with_the_picker_and_envoy() -> None:
     compose, config = load_compose(), _compose_picker()
     envoy = yaml.safe_load((DEPLOY / "compose" / "envoy.yaml").read_text())
     picked = next(c for c in envoy["static_resources"]["clusters"] if c["name"] == "picked")
-    envoy_hosts = {f"{e['endpoint']['address']['socket_address']['address']}:"
-                   f"{e['endpoint']['address']['socket_address']['port_value']}"
-                   for g in picked["load_assignment"]["endpoints"] for e in g["lb_endpoints"]}
+    envoy_hosts = {
+        f"{e['endpoint']['address']['socket_address']['address']}:"
+        f"{e['endpoint']['address']['socket_address']['port_value']}"
+        for g in picked["load_assignment"]["endpoints"]
+        for e in g["lb_endpoints"]
+    }
     endpoints = {e.address: e for e in config.endpoints}
     args_seen = []
     for profile, prefix in (("gpu", "vllm-"), ("sim", "sim-")):
@@ -235,9 +244,11 @@ def test_the_picker_image_exposes_and_probes_the_configured_ports() -> None:
 
 
 def test_the_picker_never_imports_vllm() -> None:
-    code = ("import sys, extproc.app, extproc.cli, extproc.router, extproc.protocol.server, extproc.backends.dns;"
-            "bad = sorted(m for m in sys.modules if m == 'vllm' or m.startswith('vllm.'));"
-            "print(bad); sys.exit(1 if bad else 0)")
+    code = (
+        "import sys, extproc.app, extproc.cli, extproc.router, extproc.protocol.server, extproc.backends.dns;"
+        "bad = sorted(m for m in sys.modules if m == 'vllm' or m.startswith('vllm.'));"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -308,7 +319,8 @@ def test_k8s_envoy_reaches_the_picker_and_the_model_servers_by_their_headless_se
 
     def target(cluster: str) -> tuple[str, int]:
         sa = clusters[cluster]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"][
-            "socket_address"]
+            "socket_address"
+        ]
         return sa["address"], sa["port_value"]
 
     _, config = _k8s_picker(objects)
@@ -386,7 +398,9 @@ def test_gie_pool_points_at_the_picker_and_the_vllm_pods() -> None:
     picker, config = _k8s_picker(objects)
     ref = pool["endpointPickerRef"]
     assert ref["kind"] == "Service" and service_target(objects, ref["name"], ref["port"]["number"]) == (
-        picker, config.listen.grpc_port)
+        picker,
+        config.listen.grpc_port,
+    )
     assert config.protocol.close_after_pick is False, "GIE: the served endpoint comes back on the response path"
     route = objects.get("HTTPRoute", "llm-route")
     backend = route["spec"]["rules"][0]["backendRefs"][0]

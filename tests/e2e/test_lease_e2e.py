@@ -25,7 +25,14 @@ from bench.stack import UPSTREAM_HOST_HEADER, Stack, StackSpec
 from bench.stack_config import HASH_SEED, MODEL, REPO
 from tests.support.http import http_ok
 
-pytestmark = [pytest.mark.envoy, pytest.mark.redis, pytest.mark.slow]
+# Real time: two pickers hold 2-3 s leases renewed on the wall clock, and a renewal that a loaded 2-core CPU
+# delays past its ttl moves a lease (its counts no longer match the script) or stretches a timed failover.
+pytestmark = [
+    pytest.mark.envoy,
+    pytest.mark.redis,
+    pytest.mark.slow,
+    pytest.mark.realtime(race="a lease renewal delayed past its ttl by a loaded CPU moves the lease or slows failover"),
+]
 
 BACKENDS = 4
 DOC_WORDS = 350  # ~1K tokens: a prefix worth following
@@ -143,9 +150,16 @@ async def load(url: str) -> Any:
 def two_pickers(valkey_url: str, namespace: str) -> StackSpec:
     # A generous lookup deadline: this test is about which replica writes what, and on a loaded CI box a 5 ms
     # deadline sends a probe by load now and then (routing by load is the designed answer to a slow Redis).
-    index = {"backend": "redis", "url": valkey_url, "namespace": namespace,
-             "lookup_deadline_s": 0.25, "timeout_s": 0.25}
-    return StackSpec(backends=BACKENDS, pickers=2, kv_events=True, sim_profile="fast", picker_overrides={"index": index})
+    index = {
+        "backend": "redis",
+        "url": valkey_url,
+        "namespace": namespace,
+        "lookup_deadline_s": 0.25,
+        "timeout_s": 0.25,
+    }
+    return StackSpec(
+        backends=BACKENDS, pickers=2, kv_events=True, sim_profile="fast", picker_overrides={"index": index}
+    )
 
 
 async def picker0_holds_every_lease(m0: str, m1: str) -> None:
@@ -238,10 +252,17 @@ async def test_a_backend_down_longer_than_the_lease_ttl_comes_back_without_phant
     neither purge reached the shared index. The requests sent at once (right after ``/health``, and again once
     both replicas have bootstrapped the new engine) must not be predicted on the old engine's blocks."""
     namespace = "lease-e2e-restart"
-    index = {"backend": "redis", "url": valkey_url, "namespace": namespace, "lookup_deadline_s": 0.25,
-             "timeout_s": 0.25, "leases": {"enabled": True, "ttl_s": RESTART_TTL_S}}
-    spec = StackSpec(backends=2, backends_per_sim=1, pickers=2, kv_events=True, sim_profile="fast",
-                     picker_overrides={"index": index})
+    index = {
+        "backend": "redis",
+        "url": valkey_url,
+        "namespace": namespace,
+        "lookup_deadline_s": 0.25,
+        "timeout_s": 0.25,
+        "leases": {"enabled": True, "ttl_s": RESTART_TTL_S},
+    }
+    spec = StackSpec(
+        backends=2, backends_per_sim=1, pickers=2, kv_events=True, sim_profile="fast", picker_overrides={"index": index}
+    )
     with Stack(spec, tmp_path) as stack:
         m0, m1 = stack.picker_metrics_urls
         await until(lambda: all(metric(m, "router_precise_endpoints") == 2 for m in (m0, m1)), 30.0,
@@ -266,10 +287,17 @@ async def test_a_backend_down_longer_than_the_lease_ttl_comes_back_without_phant
             sim.stop()
             await until(lambda: let_go() > before, 20.0, "the deaf stream's holder lets its lease go")
             port = target.rpartition(":")[2]
-            argv = [port if a == "0" and prev == "--port" else a for prev, a in zip(["", *sim.argv[:-1]], sim.argv,
-                                                                                    strict=True)]  # same port
-            restarted = ManagedProcess(f"{sim.name}-restarted", argv, tmp_path / "restarted.log", cwd=REPO,
-                                       env={**os.environ, "PYTHONHASHSEED": HASH_SEED})
+            argv = [
+                port if a == "0" and prev == "--port" else a
+                for prev, a in zip(["", *sim.argv[:-1]], sim.argv, strict=True)
+            ]  # same port
+            restarted = ManagedProcess(
+                f"{sim.name}-restarted",
+                argv,
+                tmp_path / "restarted.log",
+                cwd=REPO,
+                env={**os.environ, "PYTHONHASHSEED": HASH_SEED},
+            )
             stack.sims[0] = restarted  # the stack stops it
             restarted.start(lambda: http_ok(f"http://{target}/health"), 60.0)
 

@@ -21,8 +21,13 @@ pytestmark = [pytest.mark.envoy, pytest.mark.redis, pytest.mark.slow]
 
 def spec(pickers: int, redis_url: str | None, namespace: str) -> StackSpec:
     index: dict[str, Any] = {"backend": "redis", "url": redis_url, "namespace": namespace}
-    return StackSpec(backends=4, pickers=pickers, kv_events=True, sim_profile="h100-llama3-8b",
-                     picker_overrides={"index": index} if redis_url else {})
+    return StackSpec(
+        backends=4,
+        pickers=pickers,
+        kv_events=True,
+        sim_profile="h100-llama3-8b",
+        picker_overrides={"index": index} if redis_url else {},
+    )
 
 
 async def post(session: aiohttp.ClientSession, url: str, messages: list[dict[str, Any]]) -> tuple[str, int]:
@@ -49,9 +54,12 @@ async def counters(metrics_url: str, prefix: str) -> dict[str, float]:
 async def burst(url: str, n: int = 64) -> collections.Counter[str]:
     """``n`` simultaneous requests, each with its own ~1K-token prompt (nothing shared)."""
     async with aiohttp.ClientSession() as session:
-        results = await asyncio.gather(*(
-            post(session, url, [{"role": "user", "content": f"user {i}: " + f"topic {i} detail " * 250}])
-            for i in range(n)))
+        results = await asyncio.gather(
+            *(
+                post(session, url, [{"role": "user", "content": f"user {i}: " + f"topic {i} detail " * 250}])
+                for i in range(n)
+            )
+        )
     return collections.Counter(host for host, _ in results)
 
 
@@ -63,10 +71,15 @@ async def test_two_replicas_route_precisely_and_spread_a_burst_like_one(tmp_path
             time.sleep(1.0)  # BlockStored reaches both replicas through Redis (slack for a busy CI box)
             hosts = [await post(session, stack.url, conclusion["messages"]) for _ in range(4)]
         # Envoy spreads these over both replicas: each must know where the document is.
-        assert all(host == first and cached >= len(conclusion["token_ids"]) - 48 for host, cached in hosts), (first, hosts)
+        assert all(host == first and cached >= len(conclusion["token_ids"]) - 48 for host, cached in hosts), (
+            first,
+            hosts,
+        )
         # The engines' events keep every endpoint clean, so the replicas' Redis lookups bisect, not walk.
         lookups = [await counters(url, "router_kv_redis_lookups_") for url in stack.picker_metrics_urls]
-        assert sum(c.get("bisected", 0) for c in lookups) >= 4 and all(c.get("walked", 0) == 0 for c in lookups), lookups
+        assert sum(c.get("bisected", 0) for c in lookups) >= 4 and all(c.get("walked", 0) == 0 for c in lookups), (
+            lookups
+        )
         two = await burst(stack.url)
     with Stack(spec(1, None, "one"), tmp_path / "one") as stack:
         one = await burst(stack.url)

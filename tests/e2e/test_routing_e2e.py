@@ -42,11 +42,18 @@ async def test_document_questions_follow_the_cache_and_the_leading_space_is_cold
 
 async def test_sse_streams_through_unbuffered(make_stack: StackFactory) -> None:
     stack = make_stack(1, sim_args=["--sim-decode-step-s", "0.02"])
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Count slowly."}], "max_tokens": 20,
-            "stream": True, "ignore_eos": True}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Count slowly."}],
+        "max_tokens": 20,
+        "stream": True,
+        "ignore_eos": True,
+    }
     arrivals: list[float] = []
-    async with aiohttp.ClientSession() as session, session.post(stack.envoy.url("/v1/chat/completions"),
-                                                                 json=body) as resp:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(stack.envoy.url("/v1/chat/completions"), json=body) as resp,
+    ):
         assert resp.status == 200
         assert resp.headers["content-type"].startswith("text/event-stream")
         async for line in resp.content:
@@ -61,9 +68,12 @@ async def test_ten_mib_body_is_accepted(make_stack: StackFactory) -> None:
     prompt = [1000 + i % 50000 for i in range(1_600_000)]  # >10 MiB of JSON token ids: past every 1/4 MiB default
     payload = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 1}).encode()
     assert len(payload) > 10 * 1024 * 1024
-    async with aiohttp.ClientSession() as session, session.post(
-        stack.envoy.url("/v1/completions"), data=payload, headers={"content-type": "application/json"}
-    ) as resp:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            stack.envoy.url("/v1/completions"), data=payload, headers={"content-type": "application/json"}
+        ) as resp,
+    ):
         status, text = resp.status, await resp.text()
     # Envoy and the picker accept it; the backend itself refuses a prompt past its max model length.
     assert status == 400, text
@@ -78,8 +88,9 @@ async def test_picker_down_requests_still_succeed(make_stack: StackFactory) -> N
     stack.picker.stop()
     messages = [{"role": "user", "content": "Hello there"}]
     async with aiohttp.ClientSession() as session:
-        results = await asyncio.gather(*(chat(session, stack.envoy.url("/v1/chat/completions"), messages)
-                                         for _ in range(6)))
+        results = await asyncio.gather(
+            *(chat(session, stack.envoy.url("/v1/chat/completions"), messages) for _ in range(6))
+        )
     assert [s for s, _ in results] == [200] * 6
     hosts = {e.upstream for e in stack.envoy.wait_for_access_log(6)}
     assert hosts == set(stack.backends), "fail-open spreads round robin across the backends"
@@ -90,8 +101,9 @@ async def test_dead_pick_is_retried_on_the_fallback(make_stack: StackFactory) ->
     async with aiohttp.ClientSession() as session:
         statuses = []
         for i in range(9):
-            status, _ = await chat(session, stack.envoy.url("/v1/chat/completions"),
-                                   [{"role": "user", "content": f"Question {i} " * 50}])
+            status, _ = await chat(
+                session, stack.envoy.url("/v1/chat/completions"), [{"role": "user", "content": f"Question {i} " * 50}]
+            )
             statuses.append(status)
     assert statuses == [200] * 9
     log = stack.envoy.wait_for_access_log(9)

@@ -57,8 +57,9 @@ async def test_route_body_limit_governs_a_10_mib_body(
     # timeout ext_proc fails open. (With a refused port instead, Envoy could fail open before buffering.)
     body = b'{"prompt": "' + b"x" * (10 * MIB) + b'"}'
     async with EchoBackend() as backend, SilentPicker() as picker:
-        envoy = envoy_factory([backend.endpoint], body_limit_bytes=body_limit_bytes, picker_port=picker.port,
-                              message_timeout_s=0.5)
+        envoy = envoy_factory(
+            [backend.endpoint], body_limit_bytes=body_limit_bytes, picker_port=picker.port, message_timeout_s=0.5
+        )
         async with aiohttp.ClientSession() as session:
             resp = await _post(session, envoy.url("/v1/chat/completions"), body)
 

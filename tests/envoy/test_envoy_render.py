@@ -122,9 +122,7 @@ def test_route_limits_timeout_and_retries() -> None:
     retry = route["route"]["retry_policy"]
     assert retry["retry_on"] == RETRY_ON == "connect-failure,refused-stream,reset-before-request"
     assert retry["num_retries"] == 2
-    assert [p["name"] for p in retry["retry_host_predicate"]] == [
-        "envoy.retry_host_predicates.previous_hosts"
-    ]
+    assert [p["name"] for p in retry["retry_host_predicate"]] == ["envoy.retry_host_predicates.previous_hosts"]
     assert int(retry["host_selection_retry_max_attempts"]) == 3  # int64: proto-JSON renders it as "3"
 
 
@@ -132,8 +130,7 @@ def test_override_host_cluster() -> None:
     cluster = _cluster(render_bootstrap(_opts()), keys.MODEL_CLUSTER)
     assert cluster["type"] == "STATIC"
     hosts = [
-        e["endpoint"]["address"]["socket_address"]
-        for e in cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+        e["endpoint"]["address"]["socket_address"] for e in cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
     ]
     assert [f"{h['address']}:{h['port_value']}" for h in hosts] == list(ENDPOINTS)
     (policy,) = cluster["load_balancing_policy"]["policies"]
@@ -171,9 +168,7 @@ def test_original_dst_sources(source: str, expected: dict[str, Any]) -> None:
 
 
 def test_bypass_routes_disable_ext_proc_and_come_first() -> None:
-    routes = _hcm(render_bootstrap(_opts(picker_bypass_prefixes=("/health",))))["route_config"][
-        "virtual_hosts"
-    ][0]
+    routes = _hcm(render_bootstrap(_opts(picker_bypass_prefixes=("/health",))))["route_config"]["virtual_hosts"][0]
     first, last = routes["routes"]
     assert first["match"] == {"prefix": "/health"}
     assert first["typed_per_filter_config"]["envoy.filters.http.ext_proc"]["disabled"] is True
@@ -181,16 +176,16 @@ def test_bypass_routes_disable_ext_proc_and_come_first() -> None:
 
 
 def test_subset_hint_metadata() -> None:
-    meta = _filter(
-        render_bootstrap(_opts(subset_hint=("127.0.0.1:8002",))), "envoy.filters.http.set_metadata"
-    )
+    meta = _filter(render_bootstrap(_opts(subset_hint=("127.0.0.1:8002",))), "envoy.filters.http.set_metadata")
     assert meta["metadata"] == [
         {"metadata_namespace": wire.SUBSET_HINT_NAMESPACE, "value": {wire.SUBSET_HINT_KEY: ["127.0.0.1:8002"]}}
     ]
 
 
 def test_envoy_health_checks_the_pickers_readiness() -> None:
-    picker = next(c for c in render_bootstrap(_opts())["static_resources"]["clusters"] if c["name"] == keys.PICKER_CLUSTER)
+    picker = next(
+        c for c in render_bootstrap(_opts())["static_resources"]["clusters"] if c["name"] == keys.PICKER_CLUSTER
+    )
     (check,) = picker["health_checks"]
     assert check["grpc_health_check"]["service_name"] == wire.HEALTH_READINESS == "readiness"
 

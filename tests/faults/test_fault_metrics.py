@@ -120,6 +120,9 @@ def chat(i: int) -> HttpRequest:
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))
+@pytest.mark.realtime(
+    race="staleness is timed against stale_after_s + 1 s of wall clock; a starved scrape ticker runs late"
+)
 async def test_bad_metrics_mean_unknown_load_not_idle(rig: tuple[App, Backend, Backend], fault: str) -> None:
     app, faulty, busy = rig
     state = lambda e: app.registry.snapshot()[e]  # noqa: E731

@@ -224,9 +224,7 @@ _event_like = st.one_of(
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    ts=_msgpack_values, events=st.lists(_event_like, max_size=4), rank=_msgpack_values, cut=st.integers(0, 64)
-)
+@given(ts=_msgpack_values, events=st.lists(_event_like, max_size=4), rank=_msgpack_values, cut=st.integers(0, 64))
 def test_fuzz_structured_payloads_only_raise_event_decode_error(
     ts: Any, events: list[Any], rank: Any, cut: int
 ) -> None:

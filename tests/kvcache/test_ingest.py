@@ -143,14 +143,16 @@ class RecordingIndex(MemoryPrefixIndex):
         if self.down:
             raise IndexUnavailable("down")
 
-    async def match(
-        self, hashes: Sequence[BlockHash], endpoints: Collection[EndpointId]
-    ) -> Mapping[EndpointId, int]:
+    async def match(self, hashes: Sequence[BlockHash], endpoints: Collection[EndpointId]) -> Mapping[EndpointId, int]:
         return await super().match(hashes, endpoints)
 
     async def store(
-        self, endpoint: EndpointId, hashes: Sequence[BlockHash], *,
-        ttl_s: float | None = None, chain: Chain | None = None
+        self,
+        endpoint: EndpointId,
+        hashes: Sequence[BlockHash],
+        *,
+        ttl_s: float | None = None,
+        chain: Chain | None = None,
     ) -> None:
         self._check()
         self.calls.append(("store", len(hashes)))

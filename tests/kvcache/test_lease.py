@@ -65,6 +65,9 @@ async def test_one_holder_renews_while_the_other_waits(make: Make) -> None:
     assert b.counters.acquired == 0
 
 
+@pytest.mark.realtime(
+    race="the takeover is timed against the lease ttl on the wall clock; a starved event loop ticks late"
+)
 async def test_a_crashed_holder_expires_and_is_taken_over_with_the_next_token(make: Make) -> None:
     _, a = await make("a")
     await until(lambda: token(a) is not None, what="a acquires")
@@ -76,6 +79,9 @@ async def test_a_crashed_holder_expires_and_is_taken_over_with_the_next_token(ma
     assert token(b) == (first or 0) + 1  # fencing tokens only grow
 
 
+@pytest.mark.realtime(
+    race="the takeover is timed against half a ttl on the wall clock; a starved event loop ticks late"
+)
 async def test_a_released_lease_is_taken_within_a_tick(make: Make) -> None:
     _, a = await make("a")
     await until(lambda: token(a) is not None, what="a acquires")
@@ -170,6 +176,9 @@ async def test_a_writer_whose_lease_ran_out_locally_stops_and_must_resume(make: 
     assert a.take(E) and a.is_writer(E)
 
 
+@pytest.mark.realtime(
+    race="a lease renewal (every ttl/3, wall clock) delayed past its ttl by a loaded CPU loses or moves the lease"
+)
 async def test_many_endpoints_three_replicas_one_holder_each(make: Make) -> None:
     endpoints = [EndpointId(f"10.0.1.{i}:8000") for i in range(20)]
     replicas = []

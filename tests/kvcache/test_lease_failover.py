@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 import zmq.asyncio
 
 from extproc.kvcache.feed import EventFeed
@@ -42,7 +43,6 @@ class RecordingIndex(RedisPrefixIndex):
         super().__init__(*args, **kwargs)
         self.ops: list[Op] = []
         self.fail_stores = 0  # the next this many stores fail as if Redis timed out
-
 
     async def store(
         self,
@@ -137,8 +137,9 @@ async def fleet(valkey_url: str) -> AsyncIterator[tuple[Engine, Callable[..., Re
         leases = StreamLeases(client, owner, namespace=namespace, ttl_s=TTL_S, timeout_s=1.0)
         address = f"ipc:///tmp/nobody-{uuid.uuid4().hex}" if deaf else pub.pub_address
         source = EventSource(E, address, pub.replay_address)
-        feed = EventFeed([source], leases.writes(index), MemoryPrefixIndex(), lambda _e: HashScheme(), OPTIONS,
-                         leases=leases)
+        feed = EventFeed(
+            [source], leases.writes(index), MemoryPrefixIndex(), lambda _e: HashScheme(), OPTIONS, leases=leases
+        )
         feed.start()
         replicas.append(replica := Replica(index, leases, feed))
         return replica
@@ -175,6 +176,9 @@ async def assert_index_is(index: RedisPrefixIndex, held: set[int]) -> None:
         assert (await index.match([BlockHash(h)], [E]) == {E: 1}) == (h in held), h
 
 
+@pytest.mark.realtime(
+    race="the failover is timed (< 3 s) on the wall clock against a 1 s lease; a starved event loop ticks late"
+)
 async def test_one_replica_applies_and_the_other_takes_over_where_it_stopped(valkey_url: str) -> None:
     async with fleet(valkey_url) as (engine, spawn):
         a = spawn("a")

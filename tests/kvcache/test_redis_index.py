@@ -175,6 +175,7 @@ async def test_unreachable_server_raises_index_unavailable() -> None:
         await RedisPrefixIndex.connect("redis://127.0.0.1:1/0", timeout_s=0.5)
 
 
+@pytest.mark.realtime(race="a 0.2 s deadline must fire within 1 s of wall clock; a starved event loop wakes late")
 async def test_silent_server_hits_the_deadline() -> None:
     """A server that accepts but never answers: every call fails within its deadline."""
     accepted: list[asyncio.StreamWriter] = []

@@ -63,10 +63,7 @@ async def test_mode_none_decides_on_headers_without_body() -> None:
         result = await run_exchange(stub, [headers_msg(mode=Mode.NONE)])
     assert result.kinds() == ["request_headers"]
     assert_decision(result.replies[0])
-    assert (
-        header_values(result.replies[0].request_headers.response.header_mutation)["x-router-reason"]
-        == "cache"
-    )
+    assert header_values(result.replies[0].request_headers.response.header_mutation)["x-router-reason"] == "cache"
     assert handler.seen[0].body == b"" and handler.seen[0].method == "POST"
 
 
@@ -188,9 +185,7 @@ async def test_header_bytes_are_decoded_without_crashing(raw: bytes, expected: s
 async def test_close_after_pick_off_serves_response_path_and_reports_served() -> None:
     handler = ModelHandler()
     served_md = {"envoy.lb": {"x-gateway-destination-endpoint-served": str(B)}}
-    response_headers = pb.ProcessingRequest(
-        response_headers=pb.HttpHeaders(), metadata_context=metadata(served_md)
-    )
+    response_headers = pb.ProcessingRequest(response_headers=pb.HttpHeaders(), metadata_context=metadata(served_md))
     messages = [headers_msg(mode=Mode.BUFFERED), body_msg(chat_body(), eos=True), response_headers]
     async with serving(handler, ProcessorOptions(close_after_pick=False)) as (_, channel):
         stub = external_processor_pb2_grpc.ExternalProcessorStub(channel)

@@ -23,9 +23,7 @@ HERE = Path(__file__).resolve().parent
 @pytest.fixture(scope="module")
 def published() -> dict[str, Any]:
     script = HERE / "extproc_descriptor_summary.py"
-    done = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=True
-    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=True)
     return json.loads(done.stdout)
 
 
@@ -55,9 +53,7 @@ def mismatches(ours: dict[str, Any], published: dict[str, Any], section: str) ->
 
 
 @pytest.mark.parametrize("section", ["messages", "enums", "services"])
-def test_every_declaration_matches_published(
-    section: str, ours: dict[str, Any], published: dict[str, Any]
-) -> None:
+def test_every_declaration_matches_published(section: str, ours: dict[str, Any], published: dict[str, Any]) -> None:
     assert not mismatches(ours, published, section), "\n".join(mismatches(ours, published, section))
 
 

@@ -57,15 +57,11 @@ async def gateway(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
 
 
 @pytest.mark.parametrize("size", [100, 5 << 20], ids=["small", "5MiB"])
-async def test_body_routes_by_model_and_reaches_upstream_intact(
-    gateway: tuple[str, list[int]], size: int
-) -> None:
+async def test_body_routes_by_model_and_reaches_upstream_intact(gateway: tuple[str, list[int]], size: int) -> None:
     url, ports = gateway
     async with aiohttp.ClientSession() as http:
         for i in (1, 0, 1):
-            body = json.dumps(
-                {"model": f"m{i}", "messages": [{"role": "user", "content": "x" * size}]}
-            ).encode()
+            body = json.dumps({"model": f"m{i}", "messages": [{"role": "user", "content": "x" * size}]}).encode()
             headers = {"content-type": "application/json"}
             async with http.post(f"{url}/v1/chat/completions", data=body, headers=headers) as resp:
                 assert resp.status == 200, await resp.text()
@@ -95,8 +91,10 @@ async def test_served_endpoint_feedback_with_stream_kept_open(mode: str, tmp_pat
         options = ProcessorOptions(close_after_pick=False)
         server = await start_server(handler, host="127.0.0.1", port=0, options=options)
         try:
-            async with envoy(tmp_path, server.port, ports, mode, response_headers=True) as url, \
-                    aiohttp.ClientSession() as http:
+            async with (
+                envoy(tmp_path, server.port, ports, mode, response_headers=True) as url,
+                aiohttp.ClientSession() as http,
+            ):
                 body = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
                 headers = {"x-request-id": "req-served"}
                 async with http.post(f"{url}/v1/chat/completions", json=body, headers=headers) as resp:

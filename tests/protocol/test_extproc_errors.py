@@ -32,9 +32,7 @@ from tests.protocol.extproc_wire import (
     serving,
 )
 
-MODES = pytest.mark.parametrize(
-    "mode", [Mode.BUFFERED, Mode.FULL_DUPLEX_STREAMED], ids=["buffered", "duplex"]
-)
+MODES = pytest.mark.parametrize("mode", [Mode.BUFFERED, Mode.FULL_DUPLEX_STREAMED], ids=["buffered", "duplex"])
 
 
 def stub_for(channel: grpc.aio.Channel) -> external_processor_pb2_grpc.ExternalProcessorStub:
@@ -68,13 +66,9 @@ ROUTER_ERRORS = [
 
 @MODES
 @pytest.mark.parametrize(("error", "status", "etype"), ROUTER_ERRORS, ids=lambda v: getattr(v, "code", None))
-async def test_router_error_becomes_immediate_response(
-    mode: int, error: RouterError, status: int, etype: str
-) -> None:
+async def test_router_error_becomes_immediate_response(mode: int, error: RouterError, status: int, etype: str) -> None:
     async with serving(FixedHandler(error=error)) as (_, channel):
-        result = await run_exchange(
-            stub_for(channel), [headers_msg(mode=mode), body_msg(chat_body(), eos=True)]
-        )
+        result = await run_exchange(stub_for(channel), [headers_msg(mode=mode), body_msg(chat_body(), eos=True)])
     body = assert_refused(result, status, error.code, error_type=etype)
     assert body["param"] == error.param and body["message"] == error.message
 
@@ -97,9 +91,7 @@ BAD_INPUT = [
     pytest.param(JSON_HEADERS, b"{not json", 400, None, id="not-json"),
     pytest.param(JSON_HEADERS, b"[1, 2]", 400, None, id="not-an-object"),
     pytest.param(TEXT_HEADERS, chat_body(), 415, None, id="wrong-content-type"),
-    pytest.param(
-        JSON_HEADERS, b'{"messages": [{"role": "user", "content": "x"}]}', 400, "model", id="no-model"
-    ),
+    pytest.param(JSON_HEADERS, b'{"messages": [{"role": "user", "content": "x"}]}', 400, "model", id="no-model"),
     pytest.param(JSON_HEADERS, chat_body(model="nope"), 404, "model", id="unknown-model"),
     pytest.param(JSON_HEADERS, b'{"model": "m", "messages": []}', 400, "messages", id="empty-messages"),
     pytest.param(JSON_HEADERS, b'{"model": "m", "messages": "\xff\xfe"}', 400, None, id="invalid-utf8"),
@@ -115,10 +107,7 @@ async def test_bad_input_is_refused_and_next_request_unaffected(
         stub = stub_for(channel)
         bad = await run_exchange(stub, [headers_msg(headers, mode=mode), *body_messages(mode, body)])
         good = await run_exchange(stub, [headers_msg(mode=mode), *body_messages(mode, chat_body())])
-    assert (
-        assert_refused(bad, status, bad.replies[-1].immediate_response.details[len("extproc_") :])["param"]
-        == param
-    )
+    assert assert_refused(bad, status, bad.replies[-1].immediate_response.details[len("extproc_") :])["param"] == param
     assert "immediate_response" not in good.kinds() and good.code == grpc.StatusCode.OK
 
 
@@ -142,9 +131,7 @@ class Boom(Exception):
 
 
 @MODES
-@pytest.mark.parametrize(
-    "error", [Boom("bug"), KeyError("x"), TimeoutError()], ids=["boom", "key", "timeout"]
-)
+@pytest.mark.parametrize("error", [Boom("bug"), KeyError("x"), TimeoutError()], ids=["boom", "key", "timeout"])
 async def test_unexpected_handler_exception_fails_open(mode: int, error: Exception) -> None:
     body = chat_body()
     async with serving(FixedHandler(error=error)) as (_, channel):
@@ -152,9 +139,7 @@ async def test_unexpected_handler_exception_fails_open(mode: int, error: Excepti
     assert "immediate_response" not in result.kinds() and result.code == grpc.StatusCode.OK
     assert all(not r.HasField("dynamic_metadata") for r in result.replies)
     if mode == Mode.FULL_DUPLEX_STREAMED:  # the body must still reach the upstream
-        echoed = b"".join(
-            r.request_body.response.body_mutation.streamed_response.body for r in result.replies[1:]
-        )
+        echoed = b"".join(r.request_body.response.body_mutation.streamed_response.body for r in result.replies[1:])
         assert echoed == body
     else:
         assert result.kinds() == ["request_headers", "request_body"]

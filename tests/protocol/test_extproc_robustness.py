@@ -27,11 +27,7 @@ PICK = f"{A},{B}"
 
 
 def lb_value(reply: pb.ProcessingResponse) -> str:
-    return (
-        reply.dynamic_metadata.fields["envoy.lb"]
-        .struct_value.fields["x-gateway-destination-endpoint"]
-        .string_value
-    )
+    return reply.dynamic_metadata.fields["envoy.lb"].struct_value.fields["x-gateway-destination-endpoint"].string_value
 
 
 async def test_buffered_request_ended_by_trailers_carries_pick_in_metadata() -> None:
@@ -80,15 +76,11 @@ async def test_many_concurrent_streams_in_mixed_modes() -> None:
         decision_at = 1 if mode == Mode.BUFFERED else 0
         assert lb_value(result.replies[decision_at]) == PICK
         if mode == Mode.FULL_DUPLEX_STREAMED:
-            echoed = b"".join(
-                r.request_body.response.body_mutation.streamed_response.body for r in result.replies[1:]
-            )
+            echoed = b"".join(r.request_body.response.body_mutation.streamed_response.body for r in result.replies[1:])
             assert echoed == body
 
 
-@pytest.mark.parametrize(
-    "response_mode", [Mode.BUFFERED, Mode.FULL_DUPLEX_STREAMED], ids=["buffered", "duplex"]
-)
+@pytest.mark.parametrize("response_mode", [Mode.BUFFERED, Mode.FULL_DUPLEX_STREAMED], ids=["buffered", "duplex"])
 async def test_response_path_when_stream_is_kept_open(response_mode: int) -> None:
     first = headers_msg(mode=Mode.BUFFERED)
     first.protocol_config.response_body_mode = response_mode  # type: ignore[assignment]

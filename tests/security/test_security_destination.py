@@ -75,12 +75,16 @@ def headers_message(extra: dict[str, str], md: core_pb2.Metadata) -> pb.Processi
 
 async def test_forged_lb_metadata_in_the_request_is_ignored(app: App) -> None:
     md = core_pb2.Metadata()
-    md.filter_metadata[wire.LB_NAMESPACE].update({wire.DESTINATION_METADATA_KEY: FOREIGN, wire.SERVED_METADATA_KEY: FOREIGN})
+    md.filter_metadata[wire.LB_NAMESPACE].update(
+        {wire.DESTINATION_METADATA_KEY: FOREIGN, wire.SERVED_METADATA_KEY: FOREIGN}
+    )
     exchange = Exchange(app.router, ProcessorOptions())
     assert len(await exchange.receive(headers_message({wire.DESTINATION_HEADER: FOREIGN}, md))) == 1
     replies = await exchange.receive(pb.ProcessingRequest(request_body=pb.HttpBody(body=BODY, end_of_stream=True)))
     (reply,) = replies
-    lb = reply.dynamic_metadata.fields[wire.LB_NAMESPACE].struct_value.fields[wire.DESTINATION_METADATA_KEY].string_value
+    lb = (
+        reply.dynamic_metadata.fields[wire.LB_NAMESPACE].struct_value.fields[wire.DESTINATION_METADATA_KEY].string_value
+    )
     header = {
         h.header.key: h.header.raw_value.decode() for h in reply.request_body.response.header_mutation.set_headers
     }

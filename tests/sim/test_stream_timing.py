@@ -32,8 +32,9 @@ async def test_first_chat_chunk_waits_for_prefill(tokenizer: PromptTokenizer) ->
 async def test_absurdly_nested_json_is_a_400_not_a_500(tokenizer: PromptTokenizer) -> None:
     body = b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     async with SimCluster(sim_config(), n=1, tokenizer=tokenizer) as cluster, aiohttp.ClientSession() as session:
-        async with session.post(f"{cluster.urls[0]}/v1/completions", data=body,
-                                headers={"content-type": "application/json"}) as resp:
+        async with session.post(
+            f"{cluster.urls[0]}/v1/completions", data=body, headers={"content-type": "application/json"}
+        ) as resp:
             assert resp.status == 400
         async with session.get(f"{cluster.urls[0]}/health") as resp:
             assert resp.status == 200

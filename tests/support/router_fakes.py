@@ -77,9 +77,7 @@ class DictIndex:
         self.ttls: list[tuple[EndpointId, float | None]] = []  # (endpoint, ttl_s) of every store
         self.fail, self.delay_s = fail, delay_s
 
-    async def match(
-        self, hashes: Sequence[BlockHash], endpoints: Collection[EndpointId]
-    ) -> Mapping[EndpointId, int]:
+    async def match(self, hashes: Sequence[BlockHash], endpoints: Collection[EndpointId]) -> Mapping[EndpointId, int]:
         if self.fail:
             raise IndexUnavailable("down")
         await asyncio.sleep(self.delay_s)

@@ -116,8 +116,16 @@ def test_load_config_warns_once_per_load(tmp_path: Path, caplog: pytest.LogCaptu
         ({"profile": {"type": "fastest"}}, "does not match any of the expected tags"),
         ({"profile": {"type": "ttft", "stickyness_s": 0.3}}, "stickyness_s"),
     ],
-    ids=["unknown-scorer", "unknown-scorer-old-spelling", "ttft-knob-on-weighted", "weights-on-ttft", "given-both-ways",
-         "unknown-profile-name", "unknown-profile-type", "typo"],
+    ids=[
+        "unknown-scorer",
+        "unknown-scorer-old-spelling",
+        "ttft-knob-on-weighted",
+        "weights-on-ttft",
+        "given-both-ways",
+        "unknown-profile-name",
+        "unknown-profile-type",
+        "typo",
+    ],
 )
 def test_bad_scheduling_is_a_clear_error(scheduling: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):

@@ -24,7 +24,13 @@ def test_the_backend_defaults_to_memory() -> None:
 def test_redis_takes_its_own_fields() -> None:
     cfg = index({"backend": "redis", "url": URL, "namespace": "pool", "leases": {"ttl_s": 3.0}})
     assert isinstance(cfg, RedisIndexConfig)
-    assert (cfg.url, cfg.namespace, cfg.timeout_s, cfg.leases.enabled, cfg.leases.ttl_s) == (URL, "pool", 0.05, True, 3.0)
+    assert (cfg.url, cfg.namespace, cfg.timeout_s, cfg.leases.enabled, cfg.leases.ttl_s) == (
+        URL,
+        "pool",
+        0.05,
+        True,
+        3.0,
+    )
 
 
 @pytest.mark.parametrize(
@@ -43,12 +49,25 @@ def test_bad_index_configs_are_refused(raw: dict[str, Any]) -> None:
 
 
 def test_the_old_flat_spellings_are_read_with_a_warning_naming_the_new_one() -> None:
-    old = {"backend": "redis", "redis_url": URL, "redis_namespace": "pool", "redis_timeout_s": 0.2,
-           "event_leases": False, "event_lease_ttl_s": 4.0}
+    old = {
+        "backend": "redis",
+        "redis_url": URL,
+        "redis_namespace": "pool",
+        "redis_timeout_s": 0.2,
+        "event_leases": False,
+        "event_lease_ttl_s": 4.0,
+    }
     with pytest.warns(FutureWarning) as caught:
         cfg = index(old)
-    assert cfg == index({"backend": "redis", "url": URL, "namespace": "pool", "timeout_s": 0.2,
-                         "leases": {"enabled": False, "ttl_s": 4.0}})
+    assert cfg == index(
+        {
+            "backend": "redis",
+            "url": URL,
+            "namespace": "pool",
+            "timeout_s": 0.2,
+            "leases": {"enabled": False, "ttl_s": 4.0},
+        }
+    )
     said = " ".join(str(w.message) for w in caught)
     for new in ("index.url", "index.namespace", "index.timeout_s", "index.leases.enabled", "index.leases.ttl_s"):
         assert f"write {new}" in said, said

@@ -56,8 +56,13 @@ async def test_a_gone_endpoint_is_unfollowed_cleared_once_and_its_load_forgotten
 async def test_an_endpoint_that_refuses_connections_loses_our_guesses() -> None:
     precise, approx = CountingIndex(), CountingIndex()
     feed = EventFeed([], precise, approx, lambda _e: None)
-    life = EndpointLifecycle(EndpointRegistry([Endpoint(A)]), lambda _t: None, feed,
-                             Indexes(precise, approx, writes=precise), InflightLoad(1000.0))
+    life = EndpointLifecycle(
+        EndpointRegistry([Endpoint(A)]),
+        lambda _t: None,
+        feed,
+        Indexes(precise, approx, writes=precise),
+        InflightLoad(1000.0),
+    )
     await approx.store(A, H)
     life.down(A)
     await life.stop()

@@ -83,6 +83,8 @@ TABLE = [
 ]
 
 
-@pytest.mark.parametrize(("record", "routed", "shared", "now", "expected"), [t[1:] for t in TABLE], ids=[t[0] for t in TABLE])
+@pytest.mark.parametrize(
+    ("record", "routed", "shared", "now", "expected"), [t[1:] for t in TABLE], ids=[t[0] for t in TABLE]
+)
 def test_snapshot(record: EndpointRecord, routed: Routed, shared: float, now: float, expected: LoadSnapshot) -> None:
     assert snapshot(record, routed, shared, now, STALE_AFTER_S) == expected

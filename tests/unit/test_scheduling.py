@@ -57,9 +57,7 @@ def req(tokens: int = 1600, tenant: Tenant | None = None) -> RoutingRequest:
     [(1600, 100, 1584), (1600, 50, 800), (1601, 100, 1600), (0, 5, 0), (16, 1, 0)],
     ids=["all-cached-minus-last-block", "half", "last-token-recomputed", "no-tokens", "single-block"],
 )
-def test_cached_tokens_never_covers_the_last_prompt_token(
-    prompt: int, cached_blocks: int, expected: int
-) -> None:
+def test_cached_tokens_never_covers_the_last_prompt_token(prompt: int, cached_blocks: int, expected: int) -> None:
     assert cached_tokens(cand(A, cached_blocks), prompt, 16) == expected
 
 
@@ -73,9 +71,7 @@ def test_estimate_counts_only_uncached_tokens_and_the_queue_ahead() -> None:
 
 
 def test_unknown_load_is_not_idle() -> None:
-    assert estimate_ttft_s(cand(A, known=False), 1600, 16, PARAMS) > estimate_ttft_s(
-        cand(A), 1600, 16, PARAMS
-    )
+    assert estimate_ttft_s(cand(A, known=False), 1600, 16, PARAMS) > estimate_ttft_s(cand(A), 1600, 16, PARAMS)
 
 
 def test_kv_pressure_adds_delay_only_when_switched_on() -> None:
