@@ -69,7 +69,9 @@ def build_model_dir(target: Path) -> Path:
 class EngineSpec:
     """One engine. ``kv_events``: ``{"endpoint", "replay_endpoint"[, "topic"]}`` or None for no events;
     ``hash_seed``: the engine's PYTHONHASHSEED (None = unset); ``core``: the CPU its compute threads are pinned
-    to (None = vLLM's choice); ``num_gpu_blocks``: KV capacity in blocks (None = from ``kv_cache_gib``)."""
+    to (None = vLLM's choice); ``num_gpu_blocks``: KV capacity in blocks (None = from ``kv_cache_gib``);
+    ``auto_tool_choice``: pass ``--enable-auto-tool-choice --tool-call-parser hermes`` (without them vLLM refuses
+    a chat request whose ``tool_choice`` is, or defaults to, anything but ``"none"``: docs/real-vllm.md)."""
 
     port: int
     kv_events: Mapping[str, str] | None = None
@@ -80,6 +82,7 @@ class EngineSpec:
     kv_cache_gib: int = 1
     num_gpu_blocks: int | None = None
     max_model_len: int = 8192
+    auto_tool_choice: bool = True
     extra: tuple[str, ...] = ()
 
 
@@ -91,9 +94,10 @@ def engine_argv(spec: EngineSpec, python: Path, model_dir: Path) -> list[str]:
         "--model", str(model_dir), "--served-model-name", MODEL, "--load-format", "dummy",
         "--host", "127.0.0.1", "--port", str(spec.port),
         "--block-size", str(spec.block_size), "--prefix-caching-hash-algo", spec.hash_algo,
-        "--max-model-len", str(spec.max_model_len), "--enable-prompt-tokens-details",
-        "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--enable-scale-out",
+        "--max-model-len", str(spec.max_model_len), "--enable-prompt-tokens-details", "--enable-scale-out",
     ]  # fmt: skip
+    if spec.auto_tool_choice:
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
     if spec.num_gpu_blocks is not None:
         argv += ["--num-gpu-blocks-override", str(spec.num_gpu_blocks)]
     if spec.kv_events is not None:
