@@ -61,5 +61,8 @@ CONTENDERS = ("round_robin", "least_request", "load", "approximate", "precise", 
               "vllm_cache_aware", "vllm_kv_aware")  # fmt: skip
 """``--policies auto``: every policy on ``tenants`` (the headline); on the other workloads the baselines, ours and
 each peer's cache-aware policies (the peers' round_robin / power_of_two / consistent_hash only there)."""
+CPU_CONTENDERS = ("round_robin", "approximate", "precise", "sglang_cache_aware", "vllm_cache_aware", "vllm_kv_aware")
+"""``--policies auto`` with ``--engine vllm-cpu``, on every workload: two CPU engines are slow, so round robin, our
+approximate and precise pickers and each peer's cache-aware policy."""
 PEERS = tuple(n for n, p in POLICIES.items() if p.peer)
 BASELINES = ("round_robin", "least_request")
