@@ -184,7 +184,7 @@ def _summary(doc: dict[str, Any]) -> list[str]:
     tops = {n: max(w["rates_rps"]) for n, w in doc["workloads"].items()}
     lines = ["| policy | " + " | ".join(f"{n} @ {tops[n]:g} rps" for n in names) + " |",
              "|---|" + "---:|" * len(names)]  # fmt: skip
-    for policy in doc["policies"]:
+    for policy in _ran(doc):
         row = []
         for n in names:
             cell = _at(_cells(doc, n, policy), tops[n])
@@ -196,6 +196,11 @@ def _summary(doc: dict[str, Any]) -> list[str]:
                        f"{_fmt('{:.0%}', cell['cached_share_of_ceiling'])}{ok}")  # fmt: skip
         lines.append(f"| {policy} | " + " | ".join(row) + " |")
     return lines
+
+
+def _ran(doc: dict[str, Any]) -> list[str]:
+    """The policies that ran on at least one workload (``--policies auto`` lists every one it might run)."""
+    return [p for p in doc["policies"] if any(p in w["policies"] for w in doc["workloads"].values())]
 
 
 def _spread(cell: dict[str, Any]) -> str:
@@ -271,7 +276,7 @@ def render(doc: dict[str, Any], plots: list[str], notes: str = "") -> str:
     if notes:
         out += ["", "## Notes (written after the run)", "", notes.strip()]
     out += ["", "## Policies", ""]
-    out += [f"- `{n}`: {s}" for n, s in doc["policies"].items()]
+    out += [f"- `{n}`: {POLICIES[n].summary if n in POLICIES else doc['policies'][n]}" for n in _ran(doc)]
     for name, w in doc["workloads"].items():
         f = w["fleet"]
         ceilings = ", ".join(f"{c:.2f}" for c in w["ceiling_cached_share"])

@@ -4,8 +4,10 @@ alike (tests/real_vllm/twins.py), compared wherever the router or a client can o
 Compared exactly: token ids and ``prompt_tokens``, usage objects, KV event batches (types, hashes, parents,
 token ids, block size, medium, lora, extra keys; timestamps aside), replay framing, ``/tokenize``. Compared by
 structure: chat and completion answers, SSE chunk sequences, ``/v1/models``, ``/kv_event_sources``, metric names
-and label sets, the status and error JSON of bad inputs. Differences that remain are listed in ``KNOWN`` with
-the reason they do not matter (and in docs/simulator.md); every other difference fails.
+and label sets, the status and error JSON of bad inputs. The twins run without ``--enable-auto-tool-choice
+--tool-call-parser``: chat requests with ``tools`` are compared on their whole error JSON. Differences that
+remain are listed in ``KNOWN`` with the reason they do not matter (and in docs/simulator.md); every other
+difference fails.
 """
 
 from __future__ import annotations
