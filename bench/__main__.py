@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -84,6 +85,10 @@ def _picker_set(items: list[str]) -> dict[str, dict[str, object]]:
     return out
 
 
+def _terminate(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def select_workloads(args: argparse.Namespace) -> list[Workload] | None:
     """The ``--workload`` list in ``--engine``'s shape (None after printing why, for an unknown name)."""
     known = workloads_for(args.engine)
@@ -127,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown policies {unknown}; known: {', '.join(POLICIES)}", file=sys.stderr)
         return 2
     from bench.suite.runner import RunOptions, run
+
+    signal.signal(signal.SIGTERM, _terminate)  # unwind, so that every backend and router started is stopped
 
     scale = "quick" if args.quick else "full"
     out = args.out or Path(__file__).resolve().parent / "results" / (scale if args.engine == "sim" else
