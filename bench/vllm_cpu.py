@@ -68,7 +68,9 @@ def build_model_dir(target: Path) -> Path:
 class EngineSpec:
     """One engine. ``kv_events``: ``{"endpoint", "replay_endpoint"[, "topic"]}`` or None for no events;
     ``hash_seed``: the engine's PYTHONHASHSEED (None = unset); ``core``: the CPU its compute threads are pinned
-    to (None = vLLM's choice); ``num_gpu_blocks``: KV capacity in blocks (None = from ``kv_cache_gib``)."""
+    to (None = vLLM's choice); ``num_gpu_blocks``: KV capacity in blocks (None = from ``kv_cache_gib``);
+    ``auto_tool_choice``: pass ``--enable-auto-tool-choice --tool-call-parser hermes`` (without them vLLM refuses
+    a chat request whose ``tool_choice`` is, or defaults to, anything but ``"none"``: docs/real-vllm.md)."""
 
     port: int
     kv_events: Mapping[str, str] | None = None
@@ -79,6 +81,7 @@ class EngineSpec:
     kv_cache_gib: int = 1
     num_gpu_blocks: int | None = None
     max_model_len: int = 8192
+    auto_tool_choice: bool = True
     extra: tuple[str, ...] = ()
 
 
@@ -90,9 +93,10 @@ def engine_argv(spec: EngineSpec, python: Path, model_dir: Path) -> list[str]:
         "--model", str(model_dir), "--served-model-name", MODEL, "--load-format", "dummy",
         "--host", "127.0.0.1", "--port", str(spec.port),
         "--block-size", str(spec.block_size), "--prefix-caching-hash-algo", spec.hash_algo,
-        "--max-model-len", str(spec.max_model_len), "--enable-prompt-tokens-details",
-        "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--enable-scale-out",
+        "--max-model-len", str(spec.max_model_len), "--enable-prompt-tokens-details", "--enable-scale-out",
     ]  # fmt: skip
+    if spec.auto_tool_choice:
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
     if spec.num_gpu_blocks is not None:
         argv += ["--num-gpu-blocks-override", str(spec.num_gpu_blocks)]
     if spec.kv_events is not None:
@@ -159,11 +163,22 @@ class Engine(ManagedProcess):
 
 
 def start_engines(specs: Sequence[EngineSpec], python: Path, model_dir: Path, workdir: Path) -> list[Engine]:
-    """Start every engine at once and wait for all; if one fails, stop them all and re-raise its error."""
+    """Start every engine at once and wait for all; if one fails, stop them all and re-raise its error. An
+    interrupt while waiting (Ctrl-C, or SIGTERM turned into ``SystemExit``) stops them too: an engine holds ~1 GB
+    and a core, and runs in its own process group, so nothing else would."""
     engines = [Engine(s, python, model_dir, workdir / f"vllm-cpu-{s.port}.log") for s in specs]
-    with ThreadPoolExecutor(max_workers=max(1, len(engines))) as pool:
-        futures = [pool.submit(e.start_engine) for e in engines]
+    pool = ThreadPoolExecutor(max_workers=max(1, len(engines)))
+    futures = [pool.submit(e.start_engine) for e in engines]
+    try:
         errors = [f.exception() for f in futures]
+    except BaseException:
+        for engine in engines:
+            engine.stop()
+        pool.shutdown(wait=True, cancel_futures=True)
+        for engine in engines:  # one that spawned while the first pass ran
+            engine.stop()
+        raise
+    pool.shutdown()
     failed = [e for e in errors if e is not None]
     if failed:
         for engine in engines:

@@ -55,6 +55,17 @@ def _vllm_flags(p: argparse.ArgumentParser) -> None:
 
 def _more_vllm_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stream-interval", type=int, default=1, help="tokens per streamed chunk (after the first)")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="serve tool_choice auto/required/named (with --tool-call-parser; else 400s)")  # fmt: skip
+    p.add_argument("--tool-call-parser", default=None,
+                   help="any name (the simulator's filler text holds no tool call to parse)")  # fmt: skip
+
+
+def _tool_call_parser(args: argparse.Namespace) -> str | None:
+    """vLLM's rule: ``--enable-auto-tool-choice`` needs ``--tool-call-parser``; a parser alone enables nothing."""
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        raise ValueError("--enable-auto-tool-choice requires --tool-call-parser")
+    return args.tool_call_parser if args.enable_auto_tool_choice else None
 
 
 def _sim_flags(p: argparse.ArgumentParser) -> None:
@@ -168,6 +179,7 @@ def build_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Server
         lora_modules=parse_lora(args.lora_modules),
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         stream_interval=max(args.stream_interval, 1),
+        tool_call_parser=_tool_call_parser(args),
         sim=SimOptions(
             output_len=args.sim_output_len,
             legacy_events=args.sim_legacy_kv_events,

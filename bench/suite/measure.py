@@ -37,11 +37,14 @@ def scrape(address: str, timeout_s: float = 5.0) -> dict[str, float]:
     return out
 
 
-_PICKER = re.compile(r"^(router_decisions_total|router_index_failures_total)(\{[^}]*\})? ([0-9.eE+-]+)$", re.MULTILINE)
+_PICKER = re.compile(r"^(router_decisions_total|router_index_failures_total|router_predicted_cached_tokens_total)"
+                     r"(\{[^}]*\})? ([0-9.eE+-]+)$", re.MULTILINE)  # fmt: skip
+PREDICTED_CACHED = "predicted_cached_tokens"  # the key of router_predicted_cached_tokens_total
 
 
 def picker_counters(urls: Sequence[str]) -> dict[str, float]:
-    """Our pickers' decision reasons and index failures, summed over replicas (``{}`` for other routers)."""
+    """Our pickers' decision reasons, index failures and predicted cached tokens (``PREDICTED_CACHED``: the
+    prompt tokens the picker expected its pick to hold), summed over replicas (``{}`` for other routers)."""
     out: dict[str, float] = {}
     for url in urls:
         try:

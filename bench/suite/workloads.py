@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bench.suite.words import SPACE, vocabulary
 
-BLOCK_SIZE = 16
+BLOCK_SIZE = 16  # the simulated fleet's; a Fleet carries its own (vLLM's CPU build needs a multiple of 32)
 MOONCAKE_DIR = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake"
 
 
@@ -38,14 +38,32 @@ class Session:
     calls: tuple[Call, ...]
 
 
+ENGINES = ("sim", "vllm-cpu")
+
+
 @dataclass(frozen=True, slots=True)
 class Fleet:
-    """What the simulated backends look like for a workload (KV pressure and time scale are per workload)."""
+    """What the backends look like for a workload (KV pressure and time scale are per workload). ``engine``:
+    ``"sim"`` (one vllm-sim process, time-scaled H100 profile) or ``"vllm-cpu"`` (one real vLLM CPU engine per
+    backend, bench/vllm_cpu.py; ``time_scale`` unused)."""
 
     backends: int = 4
-    num_gpu_blocks: int = 2048  # per backend, blocks of 16 tokens
+    num_gpu_blocks: int = 2048  # per backend, blocks of block_size tokens
     time_scale: float = 5.0  # --sim-time-scale: every modelled step lasts this many times longer
     max_model_len: int = 16384
+    block_size: int = BLOCK_SIZE
+    engine: str = "sim"
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"unknown engine {self.engine!r}; known: {', '.join(ENGINES)}")
+        if self.engine == "vllm-cpu" and self.block_size % 32:
+            raise ValueError(f"vllm-cpu needs a block size that is a multiple of 32, got {self.block_size}")
+
+    @property
+    def usable_model_len(self) -> int:
+        """``max_model_len`` cut to what the KV holds (block 0 is the null block; both engines refuse more)."""
+        return min(self.max_model_len, (self.num_gpu_blocks - 1) * self.block_size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,9 +133,19 @@ class Workload:
 
 
 # -- (1) long documents, several questions each, some with one leading space ----------------------------------
+DOCUMENTS_FULL = {"docs": 8, "doc_len": 2560, "asks": 16, "output": 32}
+DOCUMENTS_QUICK = {"docs": 4, "doc_len": 1536, "asks": 8, "output": 32}
+
+
 def _documents(rate: float, step: int, seed: int, quick: bool) -> Plan:
+    return documents_plan(rate, step, seed, **(DOCUMENTS_QUICK if quick else DOCUMENTS_FULL))
+
+
+def documents_plan(rate: float, step: int, seed: int, *, docs: int, doc_len: int, asks: int, output: int) -> Plan:
+    """``docs`` documents of ``doc_len`` tokens behind a 48-token system prompt, ``asks`` questions (24-64
+    tokens) each in random order, 15% with one leading space before the document."""
     rng = random.Random(f"documents/{seed}/{step}")
-    n_docs, doc_len, asks = (4, 1536, 8) if quick else (8, 2560, 16)
+    n_docs = docs
     system = _words(rng, 48)
     docs = [_words(rng, doc_len) for _ in range(n_docs)]
     pairs = [(d, q) for d in range(n_docs) for q in range(asks)]
@@ -127,7 +155,7 @@ def _documents(rate: float, step: int, seed: int, quick: bool) -> Plan:
     for i, ((d, _q), t) in enumerate(zip(pairs, times, strict=True)):
         space = (SPACE,) if rng.random() < 0.15 else ()  # the same document, one leading space added
         ids = system + space + docs[d] + _words(rng, rng.randint(24, 64))
-        sessions.append(Session(t, (Call(f"doc-{step}-{i}", ids, 32),)))
+        sessions.append(Session(t, (Call(f"doc-{step}-{i}", ids, output),)))
     return Plan("documents", tuple(sessions))
 
 
@@ -137,7 +165,11 @@ TENANTS_QUICK = {"groups": 8, "prefix": 1024, "users": 3, "rounds": 2, "question
 
 
 def _tenants(rate: float, step: int, seed: int, quick: bool) -> Plan:
-    p = TENANTS_QUICK if quick else TENANTS_FULL
+    return tenants_plan(rate, step, seed, TENANTS_QUICK if quick else TENANTS_FULL)
+
+
+def tenants_plan(rate: float, step: int, seed: int, p: dict[str, int]) -> Plan:
+    """``p``: groups, prefix, users, rounds, question, output (see ``TENANTS_FULL``)."""
     rng = random.Random(f"tenants/{seed}/{step}")
     prefixes = [_words(rng, p["prefix"]) for _ in range(p["groups"])]
     users = [(g, u) for g in range(p["groups"]) for u in range(p["users"])]
@@ -161,20 +193,30 @@ def _tenants_fleet(quick: bool) -> Fleet:
 
 
 # -- (3) agent chains: sequential calls on one growing context --------------------------------------------------
+AGENTS_FULL = {"sessions": 16, "chain": 5, "tools": 1024, "task": 256, "result": 200, "output": 32}
+AGENTS_QUICK = {"sessions": 12, "chain": 4, "tools": 512, "task": 128, "result": 160, "output": 32}
+
+
 def _agents(rate: float, step: int, seed: int, quick: bool) -> Plan:
+    return agents_plan(rate, step, seed, **(AGENTS_QUICK if quick else AGENTS_FULL))
+
+
+def agents_plan(rate: float, step: int, seed: int, *, sessions: int, chain: int, tools: int, task: int, result: int,
+                output: int) -> Plan:  # fmt: skip
+    """``sessions`` chains of ``chain`` calls: shared tool definitions + a task, each call adding a result."""
     rng = random.Random(f"agents/{seed}/{step}")
-    n_sessions, chain, tools_len, task_len, result_len = (12, 4, 512, 128, 160) if quick else (16, 5, 1024, 256, 200)
-    tools = _words(rng, tools_len)  # every agent carries the same tool definitions
+    n_sessions, tools_len, task_len, result_len = sessions, tools, task, result
+    shared = _words(rng, tools_len)  # every agent carries the same tool definitions
     starts = _poisson(rng, rate / chain, n_sessions)  # sessions arrive so that calls come at ~rate
-    sessions = []
+    out = []
     for s, t in enumerate(starts):
-        context = tools + _words(rng, task_len)
+        context = shared + _words(rng, task_len)
         calls = []
         for j in range(chain):
-            calls.append(Call(f"agent-{step}-{s}-{j}", context, 32))
+            calls.append(Call(f"agent-{step}-{s}-{j}", context, output))
             context = context + _words(rng, result_len)  # the tool's result joins the context
-        sessions.append(Session(t, tuple(calls)))
-    return Plan("agents", tuple(sessions))
+        out.append(Session(t, tuple(calls)))
+    return Plan("agents", tuple(out))
 
 
 # -- (4) Mooncake traces, time-scaled windows ------------------------------------------------------------------
@@ -267,18 +309,27 @@ def _mooncake(rate: float, step: int, seed: int, quick: bool) -> Plan:
 
 # -- (5) no sharing at all ----------------------------------------------------------------------------------------
 def _unique(rate: float, step: int, seed: int, quick: bool) -> Plan:
+    return unique_plan(rate, step, seed, n=48 if quick else 80, lo=768, hi=1280, output=32)
+
+
+def unique_plan(rate: float, step: int, seed: int, *, n: int, lo: int, hi: int, output: int) -> Plan:
+    """``n`` prompts of ``lo``-``hi`` tokens that share nothing."""
     rng = random.Random(f"unique/{seed}/{step}")
-    n = 48 if quick else 80
     times = _poisson(rng, rate, n)
-    sessions = [Session(t, (Call(f"uniq-{step}-{i}", _words(rng, rng.randint(768, 1280)), 32),))
+    sessions = [Session(t, (Call(f"uniq-{step}-{i}", _words(rng, rng.randint(lo, hi)), output),))
                 for i, t in enumerate(times)]  # fmt: skip
     return Plan("unique", tuple(sessions))
 
 
 # -- a tiny workload for tests --------------------------------------------------------------------------------
 def _smoke(rate: float, step: int, seed: int, quick: bool) -> Plan:
+    return smoke_plan(rate, step, seed, prefix_len=64)
+
+
+def smoke_plan(rate: float, step: int, seed: int, prefix_len: int) -> Plan:
+    """8 short requests on one ``prefix_len``-token prefix, 4 output tokens each."""
     rng = random.Random(f"smoke/{seed}/{step}")
-    prefix = _words(rng, 64)
+    prefix = _words(rng, prefix_len)
     times = _poisson(rng, rate, 8)
     sessions = [Session(t, (Call(f"smoke-{step}-{i}", prefix + _words(rng, 16), 4),)) for i, t in enumerate(times)]
     return Plan("smoke", tuple(sessions))
@@ -305,14 +356,16 @@ WORKLOADS: dict[str, Workload] = {
 }  # fmt: skip
 
 
-def trace_workload(path: str, block_tokens: int, token_scale: float, count: int) -> Workload:
+def trace_workload(path: str, block_tokens: int, token_scale: float, count: int, fleet: Fleet | None = None,
+                   max_prompt: int = 16000) -> Workload:  # fmt: skip
     """``trace:PATH``: any Mooncake-format JSONL (``timestamp`` ms, ``input_length``, ``output_length``,
-    ``hash_ids``)."""
-    opts = TraceOptions(Path(path), block_tokens=block_tokens, token_scale=token_scale, count=count)
+    ``hash_ids``); ``fleet``: default the simulated one (1024 blocks per backend)."""
+    opts = TraceOptions(Path(path), block_tokens=block_tokens, token_scale=token_scale, count=count,
+                        max_prompt=max_prompt)  # fmt: skip
     name = "trace:" + Path(path).stem
 
     def build(rate: float, step: int, seed: int, quick: bool) -> Plan:
         return trace_plan(opts, name, rate, step, seed, quick)
 
     return Workload(name, f"trace {path} ({count} requests, {block_tokens} tokens per hash id x {token_scale})",
-                    Fleet(num_gpu_blocks=1024), (3.0, 6.0), (5.0, 10.0), build)  # fmt: skip
+                    fleet or Fleet(num_gpu_blocks=1024), (3.0, 6.0), (5.0, 10.0), build)  # fmt: skip

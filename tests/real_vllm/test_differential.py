@@ -4,8 +4,10 @@ alike (tests/real_vllm/twins.py), compared wherever the router or a client can o
 Compared exactly: token ids and ``prompt_tokens``, usage objects, KV event batches (types, hashes, parents,
 token ids, block size, medium, lora, extra keys; timestamps aside), replay framing, ``/tokenize``. Compared by
 structure: chat and completion answers, SSE chunk sequences, ``/v1/models``, ``/kv_event_sources``, metric names
-and label sets, the status and error JSON of bad inputs. Differences that remain are listed in ``KNOWN`` with
-the reason they do not matter (and in docs/simulator.md); every other difference fails.
+and label sets, the status and error JSON of bad inputs. The twins run without ``--enable-auto-tool-choice
+--tool-call-parser``: chat requests with ``tools`` are compared on their whole error JSON. Differences that
+remain are listed in ``KNOWN`` with the reason they do not matter (and in docs/simulator.md); every other
+difference fails.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ SCRIPT: list[tuple[str, dict[str, Any]]] = [
     (COMPLETIONS, completion(list(range(1000, 1300)))),
     (COMPLETIONS, completion(list(range(3000, 6000)))),  # chunked prefill: its blocks come in two batches
     (CHAT, chat(ask(DOC, "Summarise it."), cache_salt="tenant-a")),
-    (CHAT, chat(ask(DOC, "Weather in Oslo?"), tools=[WEATHER_TOOL])),
+    # tools rendered into the prompt; "none" because the twins run without the tool flags (TOOLS_WITHOUT_FLAGS)
+    (CHAT, chat(ask(DOC, "Weather in Oslo?"), tools=[WEATHER_TOOL], tool_choice="none")),
     (CHAT, chat(ask(DOC, "Summarise it."), chat_template_kwargs={"enable_thinking": False})),
     (
         CHAT,
@@ -102,6 +105,29 @@ BAD_INPUTS: list[tuple[str, str, bytes]] = [
      _bad(_CHAT_OK, tools=[WEATHER_TOOL], tool_choice={"type": "function", "function": {"name": "nope"}})),
     ("n_zero", CHAT, _bad(_CHAT_OK, n=0)),
 ]  # fmt: skip
+
+
+def _named(name: str) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name}}
+
+
+_TOOLS_ASK = ask("Short.", "Weather in Oslo?", system=False)
+TOOLS_WITHOUT_FLAGS: list[tuple[str, dict[str, Any]]] = [
+    ("unset", chat(_TOOLS_ASK, tools=[WEATHER_TOOL])),  # defaults to "auto": 400
+    ("auto", chat(_TOOLS_ASK, tools=[WEATHER_TOOL], tool_choice="auto")),
+    ("auto_streamed", chat(_TOOLS_ASK, tools=[WEATHER_TOOL], stream=True)),
+    ("none", chat(_TOOLS_ASK, tools=[WEATHER_TOOL], tool_choice="none")),  # 200, tools in the prompt
+    ("null", chat(_TOOLS_ASK, tools=[WEATHER_TOOL], tool_choice=None)),  # 200
+    ("required", chat(_TOOLS_ASK, tools=[WEATHER_TOOL], tool_choice="required")),
+    ("named", chat(_TOOLS_ASK, tools=[WEATHER_TOOL], tool_choice=_named("get_weather"))),
+    ("named_unknown", chat(_TOOLS_ASK, tools=[WEATHER_TOOL], tool_choice=_named("nope"))),  # schema check first
+    ("auto_before_sampling", chat(_TOOLS_ASK, tools=[WEATHER_TOOL], top_p=1.5)),  # the flag check comes first
+    ("choice_without_tools", chat(_TOOLS_ASK, tool_choice="auto")),
+    ("tools_empty", chat(_TOOLS_ASK, tools=[])),
+    ("choice_bogus", chat(_TOOLS_ASK, tools=[WEATHER_TOOL], tool_choice="bogus")),
+]
+"""Chat requests with ``tools`` on twins started without ``--enable-auto-tool-choice --tool-call-parser``:
+status and the whole error JSON (message included) must be equal; a 200 must agree on its usage."""
 
 KNOWN: dict[str, str] = {}
 """Differences kept on purpose: case id -> why it does not matter (also in docs/simulator.md)."""
@@ -254,6 +280,16 @@ def test_metric_names_and_labels(twins: list[Twin]) -> None:
     differ = {n: (sorted(vllm[n]), sorted(sim[n])) for n in sim if n != "vllm:cache_config_info" and vllm[n] != sim[n]}
     assert not differ
     assert sim["vllm:cache_config_info"] <= vllm["vllm:cache_config_info"]
+
+
+@pytest.mark.parametrize("body", [c[1] for c in TOOLS_WITHOUT_FLAGS], ids=[c[0] for c in TOOLS_WITHOUT_FLAGS])
+def test_tools_without_the_tool_flags(twins: list[Twin], body: dict[str, Any]) -> None:
+    (vs, vllm), (ss, sim) = (post_json(t.url(CHAT), body) for t in twins)
+    assert vs == ss, (vllm, sim)
+    if vs == 200:
+        assert vllm["usage"] == sim["usage"]
+    else:
+        assert vllm == sim
 
 
 @pytest.mark.parametrize(("path", "raw"), [c[1:] for c in BAD_INPUTS], ids=[c[0] for c in BAD_INPUTS])

@@ -1,5 +1,7 @@
 """Twins for the differential suite: one real vLLM CPU engine and one ``vllm-sim`` server, configured alike
-(block size 128, ``sha256``, PYTHONHASHSEED=0, 64 KV blocks, the same max model length and flags), each
+(block size 128, ``sha256``, PYTHONHASHSEED=0, 64 KV blocks, the same max model length and flags; *without*
+``--enable-auto-tool-choice --tool-call-parser``, so that what vLLM answers to tools without them is compared
+too, while the tier's fleet and demo run with them), each
 publishing KV events to a SUB socket *we* bind (``tcp://127.0.0.1:PORT``: the engine connects, vLLM's rule
 for an endpoint without ``*``), with its replay ROUTER on ipc://.
 
@@ -98,7 +100,7 @@ def start_twins(python: Path, model_dir: Path, workdir: Path, ctx: zmq.Context[z
     spec = EngineSpec(
         port=vllm_port, kv_events=events_config(vllm_sink, vllm_replay), block_size=BLOCK_SIZE,
         hash_algo=HASH_ALGO, hash_seed=HASH_SEED, core=0, num_gpu_blocks=NUM_GPU_BLOCKS,
-        max_model_len=MAX_MODEL_LEN,
+        max_model_len=MAX_MODEL_LEN, auto_tool_choice=False,
     )  # fmt: skip
     engine = Engine(spec, python, model_dir, workdir / "vllm-twin.log")
     sim_events = {"enable_kv_cache_events": True, "publisher": "zmq", **events_config(sim_sink, sim_replay)}
@@ -108,8 +110,7 @@ def start_twins(python: Path, model_dir: Path, workdir: Path, ctx: zmq.Context[z
         "--block-size", str(BLOCK_SIZE), "--prefix-caching-hash-algo", HASH_ALGO,
         "--num-gpu-blocks-override", str(NUM_GPU_BLOCKS), "--max-model-len", str(MAX_MODEL_LEN),
         "--max-num-batched-tokens", str(CPU_BATCHED_TOKENS),
-        "--enable-prompt-tokens-details", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-        "--enable-scale-out", "--kv-events-config", json.dumps(sim_events),
+        "--enable-prompt-tokens-details", "--enable-scale-out", "--kv-events-config", json.dumps(sim_events),
     ]  # fmt: skip
     sim = ManagedProcess("sim-twin", sim_argv, workdir / "sim-twin.log", cwd=REPO,
                          env={**os.environ, "PYTHONHASHSEED": HASH_SEED})  # fmt: skip
