@@ -23,6 +23,7 @@ import pytest
 from bench.procs import ManagedProcess
 from bench.stack import UPSTREAM_HOST_HEADER, Stack, StackSpec
 from bench.stack_config import HASH_SEED, MODEL, REPO
+from tests.support import polling
 from tests.support.http import http_ok
 
 # Real time: two pickers hold 2-3 s leases renewed on the wall clock, and a renewal that a loaded 2-core CPU
@@ -47,12 +48,8 @@ def metric(url: str, name: str) -> float:
 
 
 async def until(cond: Callable[[], bool], timeout_s: float, what: str) -> float:
-    start = time.monotonic()
-    while not await asyncio.to_thread(cond):
-        if time.monotonic() - start > timeout_s:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-    return time.monotonic() - start
+    """``tests.support.polling.until`` for conditions that scrape /metrics (blocking: run in a thread)."""
+    return await polling.until(cond, timeout_s, what, poll_s=0.05, in_thread=True)
 
 
 def document(name: str) -> str:
