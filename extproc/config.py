@@ -6,7 +6,6 @@ Validated once at boot; a bad file is a clear error naming the field, and nothin
 from __future__ import annotations
 
 import logging
-import warnings
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -309,9 +308,9 @@ def _upgrade_index(raw: Any) -> Any:
         value = out.pop(old)
         new = "index." + ".".join(path)
         if out["backend"] != "redis":
-            warnings.warn(f"index.{old} is deprecated and ignored without backend: redis", FutureWarning, 2)
+            log.warning("config: index.%s is deprecated and ignored without backend: redis", old)
             continue
-        warnings.warn(f"index.{old} is deprecated: write {new}", FutureWarning, stacklevel=2)
+        log.warning("config: index.%s is deprecated: write %s", old, new)
         target = out
         for key in path[:-1]:
             target[key] = target = dict(target.get(key) or {})
