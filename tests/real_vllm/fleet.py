@@ -22,11 +22,10 @@ import yaml
 
 from bench.procs import ManagedProcess, free_ports
 from bench.stack import flush_events, reset_prefix_cache
-from bench.stack_config import kv_events_sources, picker_config
+from bench.stack_config import PICKER_READY, REPO, kv_events_sources, picker_config
 from bench.vllm_cpu import MODEL, Engine, EngineSpec, start_engines
 from tests.support.envoy import EnvoyProcess, options_for_test
 
-REPO = Path(__file__).resolve().parents[2]
 PICKER_READY_TIMEOUT_S = 90.0
 BLOCK_SIZE = 128  # vLLM's CPU default; the CPU attention backend needs a multiple of 32
 NUM_GPU_BLOCKS = 64  # small, so a few long prompts evict (BlockRemoved); 63 usable blocks = 8064 tokens
@@ -112,7 +111,7 @@ class Fleet:
         argv = [sys.executable, "-m", "extproc.cli", "serve", "--config", str(path)]
         proc = ManagedProcess("picker", argv, self.workdir / f"picker{self.restarts}.log", cwd=REPO)
         self.picker = proc
-        proc.start(lambda: bool(proc.log_matches(r"extproc: ready on")), PICKER_READY_TIMEOUT_S)
+        proc.start(lambda: bool(proc.log_matches(PICKER_READY.pattern)), PICKER_READY_TIMEOUT_S)
 
     def restart_picker(self) -> None:
         assert self.picker is not None

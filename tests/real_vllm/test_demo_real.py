@@ -1,4 +1,4 @@
-"""The demo on real engines (``extproc demo --engine vllm-cpu --kv-events``, what ``scripts/demo.sh --engine
+"""The demo on real engines (``python -m bench.demo --engine vllm-cpu --kv-events``, what ``scripts/demo.sh --engine
 vllm-cpu`` runs): two vLLM CPU engines through bench/stack.py, every prediction equal to what the engine
 reported, every process stopped."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from bench.stack import StackSpec
+from bench.stack_config import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 _ROW = re.compile(r"^\s*\d+\s+\w+\s+.+?\s+\d+\s+(load|cache)/(\d+)\s+b\d+\s+(\d+)\s", re.MULTILINE)
 
 

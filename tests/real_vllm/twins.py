@@ -22,8 +22,9 @@ import msgspec
 import zmq
 
 from bench.procs import ManagedProcess, free_ports
+from bench.stack_config import REPO
 from bench.vllm_cpu import MODEL, Engine, EngineSpec, health_ok
-from tests.real_vllm.fleet import BLOCK_SIZE, MAX_MODEL_LEN, NUM_GPU_BLOCKS, REPO
+from tests.real_vllm.fleet import BLOCK_SIZE, MAX_MODEL_LEN, NUM_GPU_BLOCKS
 
 HASH_ALGO, HASH_SEED = "sha256", "0"
 TOPIC = "kv@twin"

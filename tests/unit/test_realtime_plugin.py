@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from bench.stack_config import REPO
 
 _TESTS = """
 import pytest

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import tomllib
-from pathlib import Path
 
 import pytest
 
+from bench.stack_config import REPO
 from extproc.redis import scripts
 
-REPO = Path(__file__).resolve().parents[2]
 LUA = sorted(p.stem for p in (REPO / "extproc" / "redis" / "lua").glob("*.lua"))
 
 
