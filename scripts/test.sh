@@ -21,7 +21,7 @@ echo "== ruff check, ruff format --check, mypy --strict (extproc, vllm_sim) =="
 .venv/bin/python -m mypy extproc vllm_sim || lint=1
 failures=$(mktemp)
 trap 'rm -f "$failures"' EXIT
-.venv/bin/python -m pytest -q --failures-file "$failures" "$@"
+.venv/bin/python -m pytest -q --failures-file="$failures" "$@"  # one token: an option the conftest adds, before rootdir is found
 status=$?
 if [ "$status" -eq 1 ] && [ -s "$failures" ]; then
   if retry=$(.venv/bin/python -m tests.support.realtime "$failures") && [ -n "$retry" ]; then

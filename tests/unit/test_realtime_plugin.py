@@ -63,3 +63,15 @@ def test_only_realtime_failures_are_offered_for_a_retry(tmp_path: Path) -> None:
 def test_a_realtime_marker_must_name_its_race(tmp_path: Path) -> None:
     code, _, out = _run(tmp_path, "import pytest\n\n@pytest.mark.realtime\ndef test_x():\n    pass\n")
     assert code != 0 and "needs race=" in out, out
+
+
+def test_scripts_test_sh_can_pass_the_option_without_naming_tests(tmp_path: Path) -> None:
+    """As scripts/test.sh calls it: no test paths, so the option's value must not be taken for one (which
+    moves the rootdir away and drops tests/conftest.py, the option's home)."""
+    out = tmp_path / "failures.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "--co", "-p", "no:cacheprovider", f"--failures-file={out}"],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert json.loads(out.read_text()) == {"realtime": [], "other": []}
