@@ -15,7 +15,7 @@ import pytest
 
 from bench.vllm_cpu import MODEL
 from extproc.backends.vllm_metrics import parse_metrics
-from extproc.config import IndexConfig
+from extproc.config import MemoryIndexConfig
 from tests.real_vllm.checks import Checked, Tally, checked, post_json
 from tests.real_vllm.fleet import BLOCK_SIZE, NUM_GPU_BLOCKS, Fleet
 from tests.real_vllm.prompts import ask, chat, completion, document
@@ -84,7 +84,7 @@ def evict_after_warm(fleet: Fleet, tally: Tally, name: str, doc: str) -> tuple[C
     assert fleet.picker_counter("router_kv_ingest_blocks_removed_total") > removed
     # The picker's burst mark for what it routed (trusted for burst_mark_ttl_s until the engine's events catch
     # up) would outlive a faster eviction: wait it out; the BlockRemoved events must decide after that.
-    time.sleep(max(0.0, warm_at + IndexConfig().burst_mark_ttl_s + 0.2 - time.monotonic()))
+    time.sleep(max(0.0, warm_at + MemoryIndexConfig().burst_mark_ttl_s + 0.2 - time.monotonic()))
     return warm, checked(fleet, tally, f"{name}/probe", CHAT, chat(ask(doc, "Conclusion?")))
 
 
