@@ -221,18 +221,31 @@ class Stack:
 
     def restart_backend(self, address: str) -> None:
         """Stop backend ``address`` and start it again on the same port and KV-event endpoints (an engine
-        restart: empty cache, event sequence back to 0). Needs ``backends_per_sim=1`` and ``engine="sim"``."""
+        restart: empty cache, event sequence back to 0). Needs ``backends_per_sim=1`` and ``engine="sim"``.
+        ``stop_backend`` and ``start_backend`` are its two halves, for an outage of a chosen length."""
+        self.stop_backend(address)
+        self.start_backend(address)
+
+    def stop_backend(self, address: str) -> None:
+        """Stop backend ``address``'s own process (``start_backend`` brings it back); see ``restart_backend``."""
+        self._own_process(address).stop()
+
+    def start_backend(self, address: str) -> None:
+        """Start stopped backend ``address`` again on its port and KV-event endpoints; waits until it serves."""
         index = self._backend_process[address]
-        old = self.sims[index]
-        if self.spec.engine != "sim" or sum(i == index for i in self._backend_process.values()) != 1:
-            raise ValueError("restart_backend needs one vllm-sim process per backend (backends_per_sim=1)")
-        old.stop()
+        old = self._own_process(address)
         argv = list(old.argv)
         argv[argv.index("--port") + 1] = address.rpartition(":")[2]
         log = old.log_path.with_suffix(".restart.log")
         proc = ManagedProcess(old.name, argv, log, cwd=REPO, env=_sim_env(self.spec))
         self.sims[index] = proc
         proc.start(_log_has(proc, SIM_READY.pattern), SIM_READY_TIMEOUT_S)
+
+    def _own_process(self, address: str) -> ManagedProcess:
+        index = self._backend_process[address]
+        if self.spec.engine != "sim" or sum(i == index for i in self._backend_process.values()) != 1:
+            raise ValueError("restarting a backend needs one vllm-sim process per backend (backends_per_sim=1)")
+        return self.sims[index]
 
     def restart_picker(self, index: int = 0, tag: str = "restart") -> ManagedProcess:
         """Start picker ``index`` again (stopped first, if it still runs) with its config and its old ports,

@@ -20,11 +20,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bench.procs import ManagedProcess
 from bench.stack import UPSTREAM_HOST_HEADER, Stack, StackSpec
-from bench.stack_config import HASH_SEED, MODEL, REPO
+from bench.stack_config import MODEL
 from tests.support import polling
-from tests.support.http import http_ok
 
 # Real time: two pickers hold 2-3 s leases renewed on the wall clock, and a renewal that a loaded 2-core CPU
 # delays past its ttl moves a lease (its counts no longer match the script) or stretches a timed failover.
@@ -264,7 +262,7 @@ async def test_a_backend_down_longer_than_the_lease_ttl_comes_back_without_phant
         m0, m1 = stack.picker_metrics_urls
         await until(lambda: all(metric(m, "router_precise_endpoints") == 2 for m in (m0, m1)), 30.0,
                     "both replicas precise on both backends")  # fmt: skip
-        target, sim = stack.backends[0], stack.sims[0]
+        target = stack.backends[0]
         docs = [f"restart{i}: " + document(f"restart{i}") for i in range(8)]  # 4 per round below
         async with aiohttp.ClientSession() as session:
             probes = Probes(stack, session, valkey_url, namespace)
@@ -281,22 +279,9 @@ async def test_a_backend_down_longer_than_the_lease_ttl_comes_back_without_phant
                 return sum(metric(m, name) for m in (m0, m1) for name in names)
 
             before = let_go()
-            sim.stop()
+            stack.stop_backend(target)
             await until(lambda: let_go() > before, 20.0, "the deaf stream's holder lets its lease go")
-            port = target.rpartition(":")[2]
-            argv = [
-                port if a == "0" and prev == "--port" else a
-                for prev, a in zip(["", *sim.argv[:-1]], sim.argv, strict=True)
-            ]  # same port
-            restarted = ManagedProcess(
-                f"{sim.name}-restarted",
-                argv,
-                tmp_path / "restarted.log",
-                cwd=REPO,
-                env={**os.environ, "PYTHONHASHSEED": HASH_SEED},
-            )
-            stack.sims[0] = restarted  # the stack stops it
-            restarted.start(lambda: http_ok(f"http://{target}/health"), 60.0)
+            await asyncio.to_thread(stack.start_backend, target)  # same port and event endpoints
 
             # Each document goes through Envoy once: a second time, our record of the first would rightly
             # predict the cache that the first left where it was served.
