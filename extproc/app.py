@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable
 from pathlib import Path
 
 from aiohttp import web
@@ -21,52 +20,21 @@ from extproc.backends.inflight import InflightLoad
 from extproc.backends.registry import EndpointRegistry
 from extproc.backends.scraper import Scraper
 from extproc.config import EndpointConfig, RouterConfig
+from extproc.decider import DeciderDeps, LocalDecider
+from extproc.front_build import build_front, processor_options, router_settings
 from extproc.indexes import build_indexes
 from extproc.kvcache.feed import EventFeed
-from extproc.kvcache.hash_cache import CachedHasher, HashCacheStats
-from extproc.kvcache.hashing import BlockHasher
 from extproc.kvcache.subscriber import EventSource
 from extproc.lifecycle import EndpointLifecycle
-from extproc.observability import CountersCollector, PreciseGauge, RouterMetrics, TokenizerCollector
-from extproc.prompt.encoders import ShadowCheck
-from extproc.prompt.preparer import build_preparer
-from extproc.protocol.exchange import ProcessorOptions
+from extproc.observability import CountersCollector, PreciseGauge, RouterMetrics
 from extproc.protocol.server import RunningServer, start_server
 from extproc.resolvers import SchemeResolver, TenantResolver
-from extproc.router import PendingHashes, Router, RouterDeps, RouterSettings
+from extproc.router import Router
 from extproc.scheduling.build import build_profile
-from extproc.types import BlockHash, Endpoint, EndpointId, HashScheme, LoraAdapter
+from extproc.types import Endpoint, EndpointId, HashScheme
+from extproc.workers import FrontWorkers
 
 log = logging.getLogger(__name__)
-
-
-class HasherCache:
-    """One ``CachedHasher`` per scheme (each keeps its token memo and prefix cache), as the router's ``Hasher``.
-
-    ``max_bytes`` bounds each scheme's prefix cache (a fleet has one scheme per model pool, usually one).
-    """
-
-    def __init__(self, max_bytes: int = 64 << 20) -> None:
-        self._max_bytes = max_bytes
-        self._hashers: dict[HashScheme, CachedHasher] = {}
-
-    def start(
-        self, scheme: HashScheme, tokens: Sequence[int], lora: LoraAdapter | None, salt: str | None
-    ) -> PendingHashes:
-        return self._for(scheme).start(tokens, lora=lora, cache_salt=salt)
-
-    def finish(self, scheme: HashScheme, pending: PendingHashes) -> list[BlockHash]:
-        return self._for(scheme).finish(pending)  # type: ignore[arg-type]
-
-    def stats(self) -> list[tuple[str, HashCacheStats]]:
-        """Each scheme's cache counters, labelled ``algo/block_size``."""
-        return [(f"{s.algo}/{s.block_size}", h.stats) for s, h in list(self._hashers.items())]
-
-    def _for(self, scheme: HashScheme) -> CachedHasher:
-        hasher = self._hashers.get(scheme)
-        if hasher is None:
-            hasher = self._hashers.setdefault(scheme, CachedHasher(BlockHasher(scheme), max_bytes=self._max_bytes))
-        return hasher
 
 
 def sources_from_config(endpoints: Iterable[EndpointConfig]) -> list[EventSource]:
@@ -96,11 +64,6 @@ class App:
         self.indexes = build_indexes(config.index, self._approx_capacity, config.scheduling.prefill_tokens_per_s)
         self.precise, self.approx = self.indexes.precise, self.indexes.approx
         self.shared_load = self.indexes.shared_load
-        self.executor = ThreadPoolExecutor(config.limits.tokenizer_workers, thread_name_prefix="tokenize")
-        # Hashing gets its own thread: behind busy tokenizer threads it queued for tens of ms under load.
-        self.hash_executor = ThreadPoolExecutor(1, thread_name_prefix="hash")
-        # Shadow tokenizer checks (HF re-encodes of sampled requests) never queue behind or ahead of requests.
-        self.check_executor = ThreadPoolExecutor(1, thread_name_prefix="tokcheck")
         self.scraper = Scraper(
             self.registry,
             {EndpointId(e.address): f"http://{e.address}" for e in config.endpoints},
@@ -123,22 +86,13 @@ class App:
         self.metrics.registry.register(
             PreciseGauge(lambda: len(self.feed.precise_endpoints() & self.registry.snapshot().keys()))
         )
-        self.router = Router(
-            self._router_deps(),
-            RouterSettings(
-                stale_after_s=config.scrape.stale_after_s,
-                lookup_deadline_s=config.index.lookup_deadline_s,
-                approx_ttl_s=config.index.approx_ttl_s,
-                burst_mark_ttl_s=config.index.burst_mark_ttl_s,
-                tenant_header=config.tenants.header.lower(),
-                max_blocks=config.index.max_blocks,
-                use_index=config.index.enabled,
-                log_prompts=config.logging.log_prompts,
-                track_served=not config.protocol.close_after_pick,
-                answer_budget_s=config.limits.answer_budget_s,
-            ),
-        )
+        self.front = build_front(config, self._base, self.metrics, self.schemes)
+        self.preparer = self.front.preparer
+        settings = router_settings(config)
+        self.decider = LocalDecider(self._decider_deps(), settings.decider)
+        self.router = Router(self.front.deps, self.decider, settings)
         self._server: RunningServer | None = None
+        self.workers: FrontWorkers | None = None
         self._metrics_runner: web.AppRunner | None = None
         self.grpc_port = 0
         self.metrics_port = 0
@@ -181,65 +135,59 @@ class App:
         known = state.endpoint.num_gpu_blocks if state else None
         return known or self.config.index.approx_capacity_blocks
 
-    def _count_tokenizer_check(self, model: str, matched: bool) -> None:
-        self.metrics.tokenizer_checks.labels(model, "match" if matched else "mismatch").inc()
-
-    def _router_deps(self) -> RouterDeps:
-        config = self.config
-        shadow = ShadowCheck(
-            config.tokenizer.verify_fraction, self.check_executor,
-            on_result=self._count_tokenizer_check,
-        )  # fmt: skip
-        self.preparer = build_preparer(config, self._base, self.executor, shadow)
-        hasher = HasherCache(config.tokenizer.hash_cache_mib << 20)
-        self.metrics.registry.register(
-            TokenizerCollector(self.preparer.tokenizers.encoders, self.preparer.tokenizers.segment_stats, hasher.stats)
-        )
-        return RouterDeps(
-            preparer=self.preparer,
-            hasher=hasher,
+    def _decider_deps(self) -> DeciderDeps:
+        return DeciderDeps(
             scheme_for=self.schemes,
-            tenant_for=TenantResolver(config.tenants),
+            tenant_for=TenantResolver(self.config.tenants),
             registry=self.registry,
             inflight=self.inflight,
             precise=self.precise,
             approx=self.approx,
             precise_endpoints=self.feed.precise_endpoints,
-            profile=build_profile(config.scheduling),
+            profile=build_profile(self.config.scheduling),
             metrics=self.metrics,
-            executor=self.hash_executor,
             shared_load=self.shared_load,
             has_live_events=self.feed.has_live_events,
+            lookups_wait_on_io=self.config.index.backend == "redis",
         )
 
     async def start(self) -> None:
-        """Start scraping, serve gRPC (readiness NOT_SERVING until the first scrape round), serve metrics."""
+        """Start scraping, serve gRPC (readiness NOT_SERVING until the first scrape round), serve metrics.
+        With ``workers.fronts`` > 0 the front processes serve gRPC instead, started once the first scrape is in.
+        Raises ``RuntimeError`` if a front does not come up."""
         listen = self.config.listen
         if self.discovery is not None:
             await self.discovery.start()
         await self.scraper.start()
         self.feed.start()
-        failed = await self.preparer.warm_up()
-        for model, error in failed.items():
-            log.warning("tokenizer for %s failed to load (%s): its requests route by load", model, error)
-        options = ProcessorOptions(
-            max_body_bytes=self.config.limits.max_body_bytes,
-            close_after_pick=self.config.protocol.close_after_pick,
-        )
-        self._server = await start_server(
-            self.router, host=listen.host, port=listen.grpc_port, options=options, ready=False
-        )
-        self.grpc_port = self._server.port
+        if self.config.workers.fronts:
+            self.workers = FrontWorkers(self.config, self._base, self.decider, self.metrics.registry)
+        else:
+            await self._start_server()
         if listen.metrics_port is not None:
             await self._serve_metrics(listen.host, listen.metrics_port)
         await self._wait_first_scrape(timeout_s=2.0)
-        await self._server.set_ready(True)
+        if self.workers is not None:
+            await self.workers.start()
+            self.grpc_port = self.workers.port
+        elif self._server is not None:
+            await self._server.set_ready(True)
         log.info(
-            "extproc: serving ext_proc on %s:%d, metrics on %s",
+            "extproc: serving ext_proc on %s:%d (%s), metrics on %s",
             listen.host,
             self.grpc_port,
+            f"{self.config.workers.fronts} front workers" if self.workers else "one process",
             self.metrics_port or "off",
         )
+
+    async def _start_server(self) -> None:
+        for model, error in (await self.preparer.warm_up()).items():
+            log.warning("tokenizer for %s failed to load (%s): its requests route by load", model, error)
+        listen = self.config.listen
+        self._server = await start_server(
+            self.router, host=listen.host, port=listen.grpc_port, options=processor_options(self.config), ready=False
+        )
+        self.grpc_port = self._server.port
 
     async def _wait_first_scrape(self, timeout_s: float) -> None:
         loop = asyncio.get_running_loop()
@@ -253,7 +201,7 @@ class App:
         async def handle(_: web.Request) -> web.Response:
             for eid, state in self.registry.snapshot().items():
                 self.metrics.endpoint_healthy.labels(eid).set(1 if state.endpoint.healthy else 0)
-            body = generate_latest(self.metrics.registry)
+            body = generate_latest(self.workers.metrics if self.workers else self.metrics.registry)
             return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
         app = web.Application()
@@ -272,6 +220,8 @@ class App:
             await self.discovery.stop()
         if self._server:
             await self._server.stop(grace_s=1.0)
+        if self.workers is not None:
+            await self.workers.stop()
         if self._metrics_runner:
             await self._metrics_runner.cleanup()
         await self.scraper.stop()
@@ -279,6 +229,4 @@ class App:
         await self.lifecycle.stop()
         await self.feed.stop()
         await self.indexes.close()
-        self.executor.shutdown(wait=False, cancel_futures=True)
-        self.hash_executor.shutdown(wait=False, cancel_futures=True)
-        self.check_executor.shutdown(wait=False, cancel_futures=True)
+        self.front.shutdown()

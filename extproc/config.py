@@ -361,6 +361,19 @@ class LimitsConfig(_Strict):
     tokenizer_workers: int = Field(2, ge=1, description="threads rendering and tokenizing off the event loop")
 
 
+class WorkersConfig(_Strict):
+    fronts: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="front worker processes sharing the gRPC port (SO_REUSEPORT): each parses, tokenizes and "
+        "hashes, and asks this process's one decider over a local socket; 0 = this process does everything",
+    )
+    start_timeout_s: float = Field(
+        120.0, gt=0, description="how long start-up waits for every front to load its tokenizers and be ready"
+    )
+
+
 class ListenConfig(_Strict):
     host: str = Field("127.0.0.1", description="address the gRPC and metrics servers bind")
     grpc_port: int = Field(9002, ge=0, lt=65536, description="ext_proc gRPC port; 0 = any free port")
@@ -392,6 +405,7 @@ class RouterConfig(_Strict):
     tenants: TenantsConfig = Field(TenantsConfig(), description="tenant classes, by the fairness header")
     index: IndexConfig = Field(MemoryIndexConfig(), description="the prefix index: memory, or redis (shared)")
     limits: LimitsConfig = Field(LimitsConfig(), description="bounds on request size and tokenization")
+    workers: WorkersConfig = Field(WorkersConfig(), description="front worker processes (use more than one core)")
     protocol: ProtocolConfig = Field(ProtocolConfig(), description="ext_proc stream behaviour")
     logging: LoggingConfig = Field(LoggingConfig(), description="log level and what decision lines carry")
     tokenizer: TokenizerConfig = Field(TokenizerConfig(), description="how prompts are encoded")

@@ -60,6 +60,11 @@ class RouterMetrics:
             ["model", "result"],
             registry=registry,
         )
+        self.decider_unavailable = Counter(
+            "router_decider_unavailable",
+            "Requests a front worker passed through because the decider did not answer in time or had gone",
+            registry=registry,
+        )
         self.endpoint_healthy = Gauge(
             "router_endpoint_healthy", "1 if the endpoint is eligible", ["endpoint"], registry=registry
         )

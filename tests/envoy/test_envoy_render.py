@@ -148,7 +148,9 @@ def test_picker_cluster_is_http2_and_dns_when_named() -> None:
     picker = _cluster(render_bootstrap(_opts(picker_host="extproc")), keys.PICKER_CLUSTER)
     assert picker["type"] == "STRICT_DNS"
     (h2,) = picker["typed_extension_protocol_options"].values()
-    assert h2["explicit_http_config"] == {"http2_protocol_options": {}}
+    # one stream per connection: Envoy opens a connection per concurrent stream, and the kernel spreads
+    # connections over a picker's front workers (SO_REUSEPORT)
+    assert h2["explicit_http_config"] == {"http2_protocol_options": {"max_concurrent_streams": 1}}
 
 
 @pytest.mark.parametrize(

@@ -16,11 +16,12 @@ from extproc.backends.inflight import InflightLoad
 from extproc.backends.registry import EndpointRegistry
 from extproc.backends.vllm_metrics import EngineMetrics
 from extproc.config import SchedulingConfig
+from extproc.decider import DeciderDeps, LocalDecider
 from extproc.errors import BadRequest
 from extproc.kvcache.index import IndexUnavailable
 from extproc.observability import RouterMetrics
 from extproc.prompt.openai import kind_for_path
-from extproc.router import Router, RouterDeps, RouterSettings
+from extproc.router import FrontDeps, Router, RouterSettings
 from extproc.scheduling.build import build_profile
 from extproc.types import (
     BlockHash,
@@ -114,9 +115,15 @@ def make_router(
         registry.scraped(eid, EngineMetrics(running=0, waiting=0, kv_usage=0.1, models=frozenset({"m"})))
     approx = approx or DictIndex()
     inflight = InflightLoad(10000.0)
-    deps = RouterDeps(
+    metrics = RouterMetrics(CollectorRegistry())
+    front = FrontDeps(
         preparer=FakePreparer(tokens if tokens is not None else list(range(1000))),
         hasher=FakeHasher(),
+        scheme_for=lambda m: HashScheme(),
+        metrics=metrics,
+        executor=ThreadPoolExecutor(1),
+    )
+    decider = DeciderDeps(
         scheme_for=lambda m: HashScheme(),
         tenant_for=lambda t: Tenant(t),
         registry=registry,
@@ -125,10 +132,11 @@ def make_router(
         approx=approx,
         precise_endpoints=precise_endpoints,
         profile=build_profile(SchedulingConfig(prefill_tokens_per_s=10000.0)),
-        metrics=RouterMetrics(CollectorRegistry()),
-        executor=ThreadPoolExecutor(1),
+        metrics=metrics,
     )
-    return Router(deps, settings or RouterSettings(), rng=random.Random(0)), approx, inflight
+    settings = settings or RouterSettings()
+    local = LocalDecider(decider, settings.decider, rng=random.Random(0))
+    return Router(front, local, settings), approx, inflight
 
 
 def post(

@@ -10,6 +10,7 @@ import pytest
 
 from extproc import wire
 from extproc.backends.registry import EndpointRegistry
+from extproc.decider import DeciderSettings
 from extproc.errors import BadRequest, NoEndpoint
 from extproc.router import RouterSettings
 from extproc.types import (
@@ -66,7 +67,7 @@ async def test_a_burst_spreads_because_routed_work_counts_as_load() -> None:
 
 @pytest.mark.parametrize("index", [DictIndex(fail=True), DictIndex(delay_s=0.2)], ids=["down", "slow"])
 async def test_index_failure_routes_by_load(index: DictIndex) -> None:
-    router, _, _ = make_router(approx=index, settings=RouterSettings(lookup_deadline_s=0.01))
+    router, _, _ = make_router(approx=index, settings=RouterSettings(decider=DeciderSettings(lookup_deadline_s=0.01)))
     result = await router.route(post())
     assert isinstance(result, Route) and result.headers["x-router-reason"] == "load"
 
@@ -75,12 +76,12 @@ async def test_a_lookup_past_its_deadline_is_logged_at_info_once_per_interval(ca
     router, _, _ = make_router(
         precise=DictIndex(delay_s=0.2),
         precise_endpoints=lambda: frozenset({A, B}),
-        settings=RouterSettings(lookup_deadline_s=0.01),
+        settings=RouterSettings(decider=DeciderSettings(lookup_deadline_s=0.01)),
     )
-    with caplog.at_level(logging.INFO, logger="extproc.router"):
+    with caplog.at_level(logging.INFO, logger="extproc.decider"):
         for _ in range(3):
             await router.route(post())
-    lines = [r for r in caplog.records if r.name == "extproc.router" and "lookup failed" in r.getMessage()]
+    lines = [r for r in caplog.records if r.name == "extproc.decider" and "lookup failed" in r.getMessage()]
     assert len(lines) == 1 and lines[0].levelno == logging.INFO, lines  # three misses, one line
     assert "precise" in lines[0].getMessage() and "no answer within 0.01s" in lines[0].getMessage()
 
@@ -144,7 +145,7 @@ async def test_prompt_text_is_logged_only_when_asked(caplog: pytest.LogCaptureFi
     quiet, _, _ = make_router()
     await quiet.route(post(b'{"secret prompt": 1}'))
     assert "secret prompt" not in caplog.text
-    loud, _, _ = make_router(settings=RouterSettings(log_prompts=True))
+    loud, _, _ = make_router(settings=RouterSettings(decider=DeciderSettings(log_prompts=True)))
     await loud.route(post(b'{"secret prompt": 1}'))
     assert "secret prompt" in caplog.text
 
@@ -184,8 +185,11 @@ async def test_a_late_request_is_routed_by_load_without_tokenizing() -> None:
 async def test_the_record_of_a_pick_lives_only_until_events_can_report_it(live: bool, expected_ttl_s: float) -> None:
     """An event-fed endpoint that is cold (just purged or reset: not precise yet) gets a short burst mark, not a
     600 s guess, so the engine's later BlockRemoved is not outlived by our own record (found on real vLLM)."""
-    router, approx, _ = make_router(settings=RouterSettings(burst_mark_ttl_s=2.0, approx_ttl_s=600.0))
-    router._deps = dataclasses.replace(router._deps, has_live_events=lambda e: live)
+    router, approx, _ = make_router(
+        settings=RouterSettings(decider=DeciderSettings(burst_mark_ttl_s=2.0, approx_ttl_s=600.0))
+    )
+    decider = router.decider
+    decider._deps = dataclasses.replace(decider._deps, has_live_events=lambda e: live)  # type: ignore[attr-defined]
     route = await router.route(post())
     assert isinstance(route, Route)
     await asyncio.sleep(0)  # the record is a background write

@@ -2,6 +2,7 @@
 
 import asyncio
 
+from extproc.decider import DeciderSettings
 from extproc.router import RouterSettings
 from extproc.types import Route
 from tests.support.router_fakes import A, B, make_router, post
@@ -13,7 +14,7 @@ def _served(router: object, outcome: str) -> float:
 
 
 async def test_a_fallback_is_counted_and_its_blocks_recorded_on_the_endpoint_that_served() -> None:
-    router, approx, _ = make_router(settings=RouterSettings(track_served=True))
+    router, approx, _ = make_router(settings=RouterSettings(decider=DeciderSettings(track_served=True)))
     route = await router.route(post())
     assert isinstance(route, Route)
     pick = route.endpoints[0]
@@ -25,7 +26,7 @@ async def test_a_fallback_is_counted_and_its_blocks_recorded_on_the_endpoint_tha
 
 
 async def test_the_primary_pick_is_counted_once_and_unknown_ids_are_ignored() -> None:
-    router, _, _ = make_router(settings=RouterSettings(track_served=True))
+    router, _, _ = make_router(settings=RouterSettings(decider=DeciderSettings(track_served=True)))
     route = await router.route(post())
     assert isinstance(route, Route)
     router.on_served("req-1", route.endpoints[0])

@@ -1,0 +1,374 @@
+"""The stateful half of a pick: ``LocalDecider.decide(ask)`` looks the blocks up, builds candidates, lets the
+profile decide, records what was routed and writes the decision line.
+
+The router's front half (``extproc.router``) parses, renders, tokenizes and hashes; what it hands over is an
+``Ask``: small, plain and picklable, so the same decision runs in-process (one picker process) or behind a local
+socket for several front worker processes (``extproc.workers``). Every piece of shared state (the indexes, the
+in-flight load, the approximate guesses, the profile's memory) lives on this side, once, so N fronts decide as
+one picker would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from extproc import wire
+from extproc.backends.inflight import InflightLoad
+from extproc.backends.load import snapshot
+from extproc.backends.registry import EndpointRecord, EndpointRegistry
+from extproc.errors import NoEndpoint, RouterError
+from extproc.kvcache.index import Chain, IndexUnavailable, PrefixIndex
+from extproc.observability import PhaseTimer, RouterMetrics
+from extproc.redis.shared_load import SharedLoad, SharedLoadUnavailable
+from extproc.scheduling.filters import eligible
+from extproc.scheduling.profiles import Profile
+from extproc.types import (
+    BlockHash,
+    Candidate,
+    Decision,
+    EndpointId,
+    HashScheme,
+    LoraAdapter,
+    PassThrough,
+    Route,
+    RoutingRequest,
+    Tenant,
+)
+
+log = logging.getLogger("extproc.decision")
+_log = logging.getLogger(__name__)  # not decision lines: what went wrong on the way to one
+
+_SERVED_MEMORY = 1024  # picks remembered until Envoy reports the served endpoint (oldest forgotten first)
+_FROM_ROOT = Chain.from_root()  # a prompt's block hashes start at its first block
+_MISSED_LOG_EVERY_S = 10.0  # a lookup that missed its deadline is logged at INFO at most this often per index
+_DRAIN_S = 1.0  # how long ``drain`` lets background writes finish before cancelling them
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """One request, prepared and hashed by a front: everything the decision needs, nothing it does not.
+
+    ``scheme`` is the hash scheme the front hashed with (the decider refuses an ask hashed with a scheme that
+    is no longer the model's: ``SchemeChanged``). ``phases_s`` are the front's phases so far (parse, tokenize,
+    hash), for the phase histogram and the decision line; ``body_head`` is empty unless prompts are logged.
+    """
+
+    request_id: str
+    model: str
+    base_model: str
+    lora: LoraAdapter | None
+    prompt_tokens: int
+    scheme: HashScheme
+    block_hashes: Sequence[BlockHash]
+    tenant_id: str = ""
+    subset: frozenset[EndpointId] | None = None
+    phases_s: Mapping[str, float] = field(default_factory=dict)
+    body_head: bytes = b""
+
+
+class SchemeChanged(Exception):
+    """The ask was hashed with another scheme than the model's current one (``scheme``): hash again."""
+
+    def __init__(self, scheme: HashScheme) -> None:
+        super().__init__(f"hash scheme is now {scheme}")
+        self.scheme = scheme
+
+
+class Decider(Protocol):
+    """Where a front sends its asks: in-process (``LocalDecider``) or over a socket (``workers.RemoteDecider``)."""
+
+    async def decide(self, ask: Ask) -> Route | PassThrough:
+        """The pick for ``ask`` (PassThrough: no decision could be had, Envoy balances). Raises RouterError (the
+        request is refused) or SchemeChanged."""
+        ...
+
+    def on_served(self, request_id: str, endpoint: EndpointId) -> None:
+        """Envoy reports the endpoint that really served ``request_id``."""
+        ...
+
+    async def drain(self) -> None:
+        """Let background writes finish (bounded); at shutdown."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class DeciderSettings:
+    stale_after_s: float = 2.0
+    lookup_deadline_s: float = 0.005
+    approx_ttl_s: float = 600.0
+    burst_mark_ttl_s: float = 2.0
+    log_prompts: bool = False  # the decision line carries the body's first bytes (prompt text): opt-in only
+    track_served: bool = False  # remember picks so ``on_served`` can compare (GIE response path)
+
+
+@dataclass(frozen=True, slots=True)
+class DeciderDeps:
+    """What the decision reads and writes; built by the composition root."""
+
+    scheme_for: Callable[[str], HashScheme]  # base model → its pool's hash scheme
+    tenant_for: Callable[[str], Tenant]  # tenant id → class
+    registry: EndpointRegistry
+    inflight: InflightLoad
+    precise: PrefixIndex
+    approx: PrefixIndex
+    # the endpoints with a live, trusted, confirmed event stream: taken once per request (one snapshot)
+    precise_endpoints: Callable[[], frozenset[EndpointId]]
+    profile: Profile
+    metrics: RouterMetrics
+    shared_load: SharedLoad | None = None  # in-flight load shared with the other replicas (Redis)
+    # endpoint's events will report what it stores (even while cold after a purge); None: precise ones
+    has_live_events: Callable[[EndpointId], bool] | None = None
+    lookups_wait_on_io: bool = False  # True (Redis): the lookups run concurrently; False (memory): in turn
+
+
+class LocalDecider:
+    """Implements ``Decider`` on this process's state. Not thread-safe: call it from the event loop."""
+
+    def __init__(
+        self,
+        deps: DeciderDeps,
+        settings: DeciderSettings,
+        *,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._deps = deps
+        self._settings = settings
+        self._rng = rng or random.Random()
+        self._clock = clock
+        self._background: set[asyncio.Task[None]] = set()
+        self._missed: dict[str, tuple[float, int]] = {}  # index name -> (last INFO line at, misses since)
+        # {request_id: (primary pick, its block hashes)}, bounded by _SERVED_MEMORY
+        self._picked: OrderedDict[str, tuple[EndpointId, Sequence[BlockHash]]] = OrderedDict()
+
+    async def decide(self, ask: Ask) -> Route:
+        current = self._deps.scheme_for(ask.base_model)
+        if ask.block_hashes and current != ask.scheme:
+            raise SchemeChanged(current)
+        timer = PhaseTimer(self._clock)
+        routing = RoutingRequest(
+            request_id=ask.request_id,
+            model=ask.model,
+            base_model=ask.base_model,
+            lora=ask.lora,
+            prompt_tokens=ask.prompt_tokens,
+            block_hashes=ask.block_hashes,
+            block_size=ask.scheme.block_size,
+            tenant=self._deps.tenant_for(ask.tenant_id),
+            subset=ask.subset,
+        )
+        try:
+            decision, precise = await self._decide(routing, timer)
+        except RouterError as exc:
+            self._deps.metrics.rejections.labels(str(exc.status)).inc()
+            log.info(json.dumps({"request_id": ask.request_id, "rejected": exc.status, "error": exc.message}))
+            raise
+        self._record(routing, decision, precise)
+        if self._settings.track_served:
+            self._remember(ask.request_id, decision.endpoints[0], routing.block_hashes)
+        timer.mark("total_end")
+        self._observe(ask, routing, decision, timer)
+        return Route(
+            decision.endpoints,
+            {
+                wire.REASON_HEADER: decision.reason.value,
+                wire.CACHED_TOKENS_HEADER: str(decision.cached_tokens),
+                wire.PROMPT_TOKENS_HEADER: str(routing.prompt_tokens),
+            },
+        )
+
+    async def _decide(self, routing: RoutingRequest, timer: PhaseTimer) -> tuple[Decision, frozenset[EndpointId]]:
+        states = self._deps.registry.snapshot()
+        endpoints = eligible((s.endpoint for s in states.values()), routing.base_model, routing.lora, routing.subset)
+        if not endpoints:
+            raise NoEndpoint("no eligible endpoint serves this model")
+        ids = [e.id for e in endpoints]
+        precise = self._deps.precise_endpoints()  # one view for the whole request
+        hashes = routing.block_hashes
+        if self._deps.lookups_wait_on_io:  # Redis round trips: in parallel
+            matches, shared = await asyncio.gather(self._lookup(hashes, ids, precise), self._shared_queued(ids))
+        else:
+            matches, shared = await self._lookup(hashes, ids, precise), await self._shared_queued(ids)
+        timer.mark("lookup")
+        candidates = [
+            self._candidate(states[e.id], matches.get(e.id, 0), shared.get(e.id, 0.0), e.id in precise)
+            for e in endpoints
+        ]
+        decision = self._deps.profile.decide(routing, candidates, self._rng)
+        timer.mark("score")
+        return decision, precise
+
+    async def _lookup(
+        self, hashes: Sequence[BlockHash], endpoints: Sequence[EndpointId], precise: frozenset[EndpointId]
+    ) -> dict[EndpointId, int]:
+        """Leading cached blocks per endpoint: event-fed endpoints from the precise index (plus our short-lived
+        burst marks), the others from the approximate index. A slow or failed index counts as no match."""
+        if not hashes:
+            return {}
+        deadline_s = self._settings.lookup_deadline_s
+        # The approximate index answers from memory (a Redis mirror, if any, has its own shorter timeout inside),
+        # so it gets twice the deadline: a busy event loop must not throw our own guesses away with the mirror.
+        precise_match = self._match(
+            "precise", self._deps.precise, hashes, [e for e in endpoints if e in precise], deadline_s
+        )
+        approx_match = self._match("approx", self._deps.approx, hashes, endpoints, 2 * deadline_s)
+        if self._deps.lookups_wait_on_io:
+            exact, approx = await asyncio.gather(precise_match, approx_match)
+        else:  # in memory, neither waits: one after the other saves the tasks a gather creates per request
+            exact, approx = await precise_match, await approx_match
+        return {e: max(exact.get(e, 0), approx.get(e, 0)) for e in endpoints}
+
+    async def _match(
+        self,
+        name: str,
+        index: PrefixIndex,
+        hashes: Sequence[BlockHash],
+        endpoints: Collection[EndpointId],
+        deadline_s: float,
+    ) -> Mapping[EndpointId, int]:
+        """``index``'s leading matches within ``deadline_s``; a miss is counted (label ``name``) as no match."""
+        if not endpoints:
+            return {}
+        try:
+            async with asyncio.timeout(deadline_s):
+                return await index.match(hashes, endpoints)
+        except (TimeoutError, IndexUnavailable) as exc:
+            self._deps.metrics.index_failures.labels(name).inc()
+            self._lookup_missed(name, exc)
+            return {}
+
+    async def _shared_queued(self, endpoints: Sequence[EndpointId]) -> Mapping[EndpointId, float]:
+        """Every replica's in-flight prefill per endpoint (shared load), or {} when unshared or unavailable."""
+        if self._deps.shared_load is None:
+            return {}
+        try:
+            async with asyncio.timeout(self._settings.lookup_deadline_s):
+                return await self._deps.shared_load.queued(endpoints)
+        except (TimeoutError, SharedLoadUnavailable) as exc:
+            self._deps.metrics.index_failures.labels("shared_load").inc()
+            self._lookup_missed("shared_load", exc)
+            return {}
+
+    def _lookup_missed(self, name: str, exc: Exception) -> None:
+        """A lookup past its deadline (or failed) moves requests away from their cached prefix: say so at INFO,
+        at most once per ``_MISSED_LOG_EVERY_S`` per index, with how many were missed meanwhile."""
+        now = self._clock()
+        last, missed = self._missed.get(name, (float("-inf"), 0))
+        if now - last < _MISSED_LOG_EVERY_S:
+            self._missed[name] = (last, missed + 1)
+            return
+        self._missed[name] = (now, 0)
+        why = f"no answer within {self._settings.lookup_deadline_s}s" if isinstance(exc, TimeoutError) else str(exc)
+        _log.info("%s lookup failed (%s): routed as if nothing were cached there; %d more since the last such line",
+                  name, why, missed)  # fmt: skip
+
+    def _candidate(
+        self, record: EndpointRecord, cached_blocks: int, shared_queued: float = 0.0, precise: bool = False
+    ) -> Candidate:
+        load = snapshot(record, self._deps.inflight, shared_queued, self._clock(), self._settings.stale_after_s)
+        return Candidate(record.endpoint, load, cached_blocks, precise=precise)
+
+    def _record(self, routing: RoutingRequest, decision: Decision, precise: frozenset[EndpointId]) -> None:
+        """What we just routed becomes load and (approximate) cache state on the pick, before the next request."""
+        pick = decision.endpoints[0]
+        uncached = max(routing.prompt_tokens - decision.cached_tokens, 0)
+        self._deps.inflight.add(pick, uncached)
+        if self._deps.shared_load is not None:
+            self._spawn(self._deps.shared_load.add(pick, uncached))
+        if routing.block_hashes:
+            # Where events will report the blocks (a cold event-fed endpoint included), our record only bridges
+            # the moment until they do: a short burst mark, never a 600 s guess that its BlockRemoved cannot undo.
+            live = self._deps.has_live_events(pick) if self._deps.has_live_events else pick in precise
+            ttl = self._settings.burst_mark_ttl_s if live else self._settings.approx_ttl_s
+            self._spawn(self._deps.approx.store(pick, routing.block_hashes, ttl_s=ttl, chain=_FROM_ROOT))
+
+    def _remember(self, request_id: str, pick: EndpointId, hashes: Sequence[BlockHash]) -> None:
+        self._picked[request_id] = (pick, hashes)
+        if len(self._picked) > _SERVED_MEMORY:
+            self._picked.popitem(last=False)
+
+    def on_served(self, request_id: str, endpoint: EndpointId) -> None:
+        """Envoy reports the endpoint that really served ``request_id`` (GIE "destination endpoint served").
+
+        When: on the response headers, if ``track_served`` is on and the stream was kept open. A fallback
+        (served != primary pick) is counted and logged, and the prompt's blocks are recorded as cached on the
+        endpoint that served them.
+        """
+        entry = self._picked.pop(request_id, None)
+        if entry is None:
+            return
+        pick, hashes = entry
+        if endpoint == pick:
+            self._deps.metrics.served.labels("picked").inc()
+            return
+        self._deps.metrics.served.labels("fallback").inc()
+        log.info(json.dumps({"request_id": request_id, "picked": pick, "served": endpoint}))
+        if hashes and endpoint in self._deps.registry.snapshot():
+            self._spawn(self._deps.approx.store(endpoint, hashes, ttl_s=self._settings.approx_ttl_s, chain=_FROM_ROOT))
+
+    async def drain(self) -> None:
+        """Let the background writes (approximate index, shared load) finish, bounded, then cancel the rest.
+        When: at shutdown, after the server stopped taking requests."""
+        tasks = list(self._background)
+        if tasks:
+            await asyncio.wait(tasks, timeout=_DRAIN_S)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+
+    def _spawn(self, coro: object) -> None:
+        async def run() -> None:
+            try:
+                await coro  # type: ignore[misc]
+            except Exception as exc:  # best-effort writes: approximate index, shared load
+                log.debug("background write failed: %s", exc)
+
+        task = asyncio.create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _observe(self, ask: Ask, routing: RoutingRequest, decision: Decision, timer: PhaseTimer) -> None:
+        m = self._deps.metrics
+        m.decisions.labels(decision.reason.value).inc()
+        m.cached_tokens.inc(decision.cached_tokens)
+        m.prompt_tokens.inc(routing.prompt_tokens)
+        phases = merged_phases(ask.phases_s, timer.phases())
+        for phase, seconds in phases.items():
+            m.phase_seconds.labels(phase).observe(seconds)
+        if log.isEnabledFor(logging.INFO):
+            extra = {"body_head": ask.body_head.decode(errors="replace")} if self._settings.log_prompts else {}
+            log.info(
+                json.dumps(
+                    {
+                        **extra,
+                        "request_id": routing.request_id,
+                        "model": routing.model,
+                        "tenant": routing.tenant.id,
+                        "endpoint": decision.endpoints[0],
+                        "fallbacks": decision.endpoints[1:],
+                        "reason": decision.reason.value,
+                        "prompt_tokens": routing.prompt_tokens,
+                        "cached_tokens": decision.cached_tokens,
+                        "estimates_s": {e: round(v, 4) for e, v in decision.estimates_s.items()},
+                        "scores": {e: round(v, 4) for e, v in decision.scores.items()},
+                        "ms": {k: round(v * 1000, 3) for k, v in phases.items()},
+                    }
+                )
+            )
+
+
+def merged_phases(front_s: Mapping[str, float], decider_s: Mapping[str, float]) -> dict[str, float]:
+    """The front's phases, then the decider's; ``total`` is both totals (the socket hop, if any, excluded)."""
+    out = {k: v for k, v in front_s.items() if k != "total"}
+    out.update((k, v) for k, v in decider_s.items() if k != "total")
+    out["total"] = sum(out.values())
+    return out
