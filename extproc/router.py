@@ -365,6 +365,7 @@ class Router:
         m.decisions.labels(decision.reason.value).inc()
         m.cached_tokens.inc(decision.cached_tokens)
         m.prompt_tokens.inc(routing.prompt_tokens)
+        m.tap.decided(routing, decision)
         for phase, seconds in timer.phases().items():
             m.phase_seconds.labels(phase).observe(seconds)
         if log.isEnabledFor(logging.INFO):
