@@ -29,7 +29,7 @@ table{border-collapse:collapse}th,td{padding:2px 8px;text-align:right;vertical-a
 th{background:#f3f3f3}td.l,th.l{text-align:left}tr:nth-child(even) td{background:#fafafa}
 .bad{color:#b94a48;font-weight:bold}.ok{color:#4a9a4a}.muted{color:#888}
 .legend{margin:.3em 0}.key{border-left:12px solid;padding:0 8px 0 4px}
-p.note{color:#555;max-width:60em}
+p.note{color:#555;max-width:60em}#decisions td:last-child{text-align:left}
 """
 
 
@@ -92,7 +92,7 @@ def fleet_summary(view: FleetView) -> str:
 
 
 def _phase_cells(e: EndpointRow) -> list[str]:
-    return [_ms(e.phase_mean_s.get(p)) if p in e.phases else '<span class="muted">n/a</span>' for p in PHASES]
+    return [_ms(e.phase_mean(p)) if p in e.phases else '<span class="muted">n/a</span>' for p in PHASES]
 
 
 def endpoints(view: FleetView) -> str:
@@ -110,28 +110,39 @@ def endpoints(view: FleetView) -> str:
             "routed", *(f"{p} (mean)" for p in PHASES))  # fmt: skip
     note = ("Load as last scraped; queued prefill is the router's own estimate. Occupancy: index entries "
             "(from events if followed, else the router's guesses) over the engine's KV blocks. Phase means "
-            "come from the engines' histograms (n/a: the engine exports none).")  # fmt: skip
+            "come from the engines' histograms: over the last 60 s, or since the engine started when no request "
+            "finished that phase meanwhile (n/a: the engine exports none).")  # fmt: skip
     return _section("endpoints", "Endpoints", _table(head, rows, left=2), note)
 
 
 def hit_rates(view: FleetView) -> str:
     rows = []
     for e in view.endpoints:
-        label = f"predicted {_pct(e.predicted_hit_ratio)}, engine {_pct(e.engine_hit_ratio)}"
+        predicted = e.predicted_hit_ratio if e.predicted_hit_ratio is not None else e.predicted_hit_ratio_total
+        engine = e.engine_hit_ratio if e.engine_hit_ratio is not None else e.engine_hit_ratio_total
         flag = e.prediction_ratio is not None and not 0.8 <= e.prediction_ratio <= 1.25
         ratio = _num(e.prediction_ratio, 2)
         rows.append([
-            escape(e.id), f"{pair(e.predicted_hit_ratio, e.engine_hit_ratio, label)}",
+            escape(e.id), pair(predicted, engine, f"predicted {_pct(predicted)}, engine {_pct(engine)}"),
             _pct(e.predicted_hit_ratio), _pct(e.engine_hit_ratio),
             f'<span class="bad">{ratio}</span>' if flag else ratio,
+            _pct(e.predicted_hit_ratio_total), _pct(e.engine_hit_ratio_total),
             f"{e.routed.predicted_cached_tokens:,}", _num(e.engine_hit_tokens),
         ])  # fmt: skip
-    head = ("endpoint", "predicted / actual", "predicted hit rate", "engine hit rate", "actual ÷ predicted",
-            "predicted cached tok (total)", "engine cached tok (total)")  # fmt: skip
-    note = (
-        "Over the last 60 s. Blue: what the router predicted on its picks; orange: what the engine reports "
-        "(all its traffic, other routers' too). Actual ÷ predicted far from 1 means the index is wrong."
+    head = (
+        "endpoint",
+        "predicted / actual",
+        "predicted (60 s)",
+        "engine (60 s)",
+        "actual ÷ predicted (60 s)",
+        "predicted (since start)",
+        "engine (since its start)",
+        "predicted cached tok",
+        "engine cached tok",
     )
+    note = ("Blue: what the router predicted on its picks; orange: what the engine reports (all its traffic, other "
+            "routers' too); the bars show the last 60 s, or since start when nothing was routed meanwhile. "
+            "Actual ÷ predicted far from 1 means the index is wrong (docs/observability.md).")  # fmt: skip
     return _section("hit-rates", "Hit rates: predicted vs actual", _table(head, rows, left=2), note)
 
 

@@ -95,6 +95,29 @@ class EndpointRow:
     phase_mean_s: Mapping[str, float] = field(default_factory=dict)
 
     @property
+    def predicted_hit_ratio_total(self) -> float | None:
+        """Since the router started: predicted cached / routed prompt tokens."""
+        r = self.routed
+        return r.predicted_cached_tokens / r.prompt_tokens if r.prompt_tokens else None
+
+    @property
+    def engine_hit_ratio_total(self) -> float | None:
+        """Since the engine started: its prefix-cache hits / queries (all its traffic)."""
+        if not self.engine_queried_tokens or self.engine_hit_tokens is None:
+            return None
+        return self.engine_hit_tokens / self.engine_queried_tokens
+
+    def phase_mean(self, phase: str) -> float | None:
+        """Mean ``phase`` seconds over the window, else since the engine started; None: no such histogram."""
+        totals = self.phases.get(phase)
+        if totals is None:
+            return None
+        windowed = self.phase_mean_s.get(phase)
+        if windowed is not None:
+            return windowed
+        return totals.seconds / totals.requests if totals.requests else None
+
+    @property
     def occupancy(self) -> float | None:
         """Share of the engine's KV blocks the index holds for it (precise if its events are followed)."""
         held = self.index_entries.get("precise" if self.stream else "approx")
