@@ -22,10 +22,13 @@ _F = TypeVar("_F", GaugeMetricFamily, CounterMetricFamily)
 
 # (name, help, value of a row or None to skip it); counters get ``_total`` from prometheus_client
 _ENDPOINT_GAUGES: tuple[tuple[str, str, Callable[[EndpointRow], float | None]], ...] = (
-    ("router_endpoint_running_requests", "Requests running on the engine, as last scraped", lambda r: r.running),
+    # absent while the scraped load is not fresh: unknown load is not idle
+    ("router_endpoint_running_requests", "Requests running on the engine, as last scraped",
+     lambda r: r.running if r.load_known else None),
     ("router_endpoint_waiting_requests", "Queue depth: requests waiting on the engine, as last scraped",
-     lambda r: r.waiting),
-    ("router_endpoint_kv_usage_ratio", "Engine KV-cache usage (0-1), as last scraped", lambda r: r.kv_usage),
+     lambda r: r.waiting if r.load_known else None),
+    ("router_endpoint_kv_usage_ratio", "Engine KV-cache usage (0-1), as last scraped",
+     lambda r: r.kv_usage if r.load_known else None),
     ("router_endpoint_load_known", "1 while the endpoint's scraped load is fresh", lambda r: int(r.load_known)),
     ("router_endpoint_queued_prefill_tokens", "Uncached prompt tokens the router estimates are queued there",
      lambda r: r.queued_prefill_tokens),

@@ -23,6 +23,7 @@ from extproc.types import Decision, EndpointId, RoutingRequest
 
 RECENT_DECISIONS = 50  # shown on the status page
 CEILING_QUEUE = 4096  # requests waiting for the ceiling loop; beyond it the oldest are dropped (counted)
+CEILING_QUEUE_BLOCKS = 1 << 18  # ... and at most this many block hashes held by them (~12 MiB; long prompts)
 _K = TypeVar("_K", bound=Hashable)
 
 
@@ -72,6 +73,7 @@ class DecisionTap:
         clock: Callable[[], float] = time.time,
         recent: int = RECENT_DECISIONS,
         queue: int = CEILING_QUEUE,
+        queue_blocks: int = CEILING_QUEUE_BLOCKS,
     ) -> None:
         """``class_of``: tenant id → its class label (bounded); ``clock``: wall time for the page."""
         self._class_of = class_of
@@ -81,7 +83,9 @@ class DecisionTap:
         self.by_model: dict[tuple[str, str], Routed] = {}  # {(model, tenant class): totals}
         self.by_reason: dict[str, int] = {}  # {Reason value: decisions}
         self._recent: deque[_Pending] = deque(maxlen=recent)
-        self._queue: deque[_Pending] = deque(maxlen=queue)
+        self._queue: deque[_Pending] = deque()
+        self._queue_max, self._queue_blocks_max = queue, queue_blocks
+        self._queued_blocks = 0  # block hashes referenced by the queue
         self.ceiling_dropped = 0  # requests the ceiling never saw (queue full)
 
     def decided(self, routing: RoutingRequest, decision: Decision) -> None:
@@ -96,9 +100,12 @@ class DecisionTap:
         self.by_reason[reason] = self.by_reason.get(reason, 0) + 1
         entry = _Pending(self._clock(), cls, routing, decision)
         self._recent.append(entry)
-        if len(self._queue) == self._queue.maxlen:
-            self.ceiling_dropped += 1
         self._queue.append(entry)
+        self._queued_blocks += len(routing.block_hashes)
+        # Amortised O(1): each entry is dropped at most once.
+        while len(self._queue) > self._queue_max or (self._queued_blocks > self._queue_blocks_max and self._queue):
+            self._queued_blocks -= len(self._queue.popleft().routing.block_hashes)
+            self.ceiling_dropped += 1
 
     @staticmethod
     def _totals(table: dict[_K, Routed], key: _K) -> Routed:
@@ -119,6 +126,7 @@ class DecisionTap:
             p = self._queue.popleft()
             r = p.routing
             budget -= len(r.block_hashes)
+            self._queued_blocks -= len(r.block_hashes)
             self.ceiling.add(CeilingRequest(r.model, p.tenant_class, r.prompt_tokens, r.block_hashes, r.block_size))
 
     def queued(self) -> int:

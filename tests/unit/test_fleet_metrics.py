@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from extproc.backends.vllm_metrics import PhaseTotals
 from extproc.kvcache.subscriber import StreamStatus
 from extproc.status.collector import FleetCollector
+from extproc.status.tap import CEILING_QUEUE
 from extproc.status.view import gather
 from extproc.types import BlockHash
 from tests.support.fleet import A, B, Fleet, decide, make_fleet
@@ -133,13 +134,22 @@ def test_kv_stream_rates_come_from_the_event_counters(fleet: Fleet) -> None:
 
 
 def test_ceiling_drops_are_counted_when_its_queue_is_full(fleet: Fleet) -> None:
-    for _ in range(fleet.tap._queue.maxlen or 0):
+    for _ in range(CEILING_QUEUE + 1):
         decide(fleet.tap, A, 10, 0)
-    decide(fleet.tap, A, 10, 0)
     assert _registry(fleet).get_sample_value("router_ceiling_dropped_requests_total") == 1
+    assert _registry(fleet).get_sample_value("router_ceiling_queued_requests") == CEILING_QUEUE
 
 
 def test_no_engine_metric_name_is_re_exported(fleet: Fleet) -> None:
     text = generate_latest(_registry(fleet)).decode()
     names = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
     assert names and all(n.startswith("router_") for n in names)
+
+
+def test_stale_load_is_absent_not_zero(fleet: Fleet) -> None:
+    fleet.clock.now += 10  # past scrape.stale_after_s (2 s)
+    registry = _registry(fleet)
+    assert registry.get_sample_value("router_endpoint_load_known", {"endpoint": A}) == 0
+    for name in ("router_endpoint_running_requests", "router_endpoint_waiting_requests",
+                 "router_endpoint_kv_usage_ratio"):  # fmt: skip
+        assert registry.get_sample_value(name, {"endpoint": A}) is None, name

@@ -101,3 +101,14 @@ def test_windows(samples: list[tuple[float, float]], expected: tuple[float, floa
 def test_ratio_needs_both_deltas_and_a_moving_denominator() -> None:
     assert ratio((3.0, 1.0), (6.0, 1.0)) == 0.5
     assert ratio(None, (6.0, 1.0)) is None and ratio((3.0, 1.0), (0.0, 1.0)) is None
+
+
+def test_the_ceiling_queue_holds_a_bounded_number_of_blocks() -> None:
+    """Long prompts: the queue drops its oldest requests once it would reference too many block hashes."""
+    tap = DecisionTap(tenant_classes([]), CeilingEstimator(), queue_blocks=10)
+    for _ in range(3):
+        decide(tap, A, 100, 0, hashes=range(4))
+    assert (tap.queued(), tap.ceiling_dropped) == (2, 1)
+    tap.drain_ceiling(max_blocks=100)
+    decide(tap, A, 100, 0, hashes=range(10))  # fits once the queue drained
+    assert (tap.queued(), tap.ceiling_dropped) == (1, 1)
