@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -153,3 +156,14 @@ def test_stale_load_is_absent_not_zero(fleet: Fleet) -> None:
     for name in ("router_endpoint_running_requests", "router_endpoint_waiting_requests",
                  "router_endpoint_kv_usage_ratio"):  # fmt: skip
         assert registry.get_sample_value(name, {"endpoint": A}) is None, name
+
+
+def test_every_fleet_family_has_a_row(fleet: Fleet) -> None:
+    """A new family in the collector needs its row in ROWS above (and in docs/observability.md)."""
+    families = {f.name for f in _registry(fleet).collect()}
+    tested = {name for name, _, _ in ROWS} | {"router_endpoint_cached_tokens_actual_to_predicted_ratio"}
+    tested_bases = {re.sub(r"_(total|sum|count)$", "", n) for n in tested}
+    assert families <= tested_bases, sorted(families - tested_bases)
+    documented = (Path(__file__).resolve().parents[2] / "docs" / "observability.md").read_text()
+    missing = [f for f in families if f"`{f}" not in documented]
+    assert not missing, missing
