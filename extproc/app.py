@@ -31,6 +31,10 @@ from extproc.protocol.server import RunningServer, start_server
 from extproc.resolvers import SchemeResolver, TenantResolver
 from extproc.router import Router
 from extproc.scheduling.build import build_profile
+from extproc.status.ceiling import CeilingEstimator
+from extproc.status.service import FleetStatus
+from extproc.status.tap import DecisionTap, tenant_classes
+from extproc.status.view import Sources
 from extproc.types import Endpoint, EndpointId, HashScheme
 from extproc.workers import FrontWorkers
 
@@ -60,7 +64,8 @@ class App:
         endpoints = [Endpoint(EndpointId(e.address), models=frozenset(e.models)) for e in config.endpoints]
         self.registry = EndpointRegistry(endpoints)
         self.inflight = InflightLoad(config.scheduling.prefill_tokens_per_s)
-        self.metrics = RouterMetrics(CollectorRegistry())
+        self.tap = DecisionTap(tenant_classes(config.tenants.classes), CeilingEstimator())
+        self.metrics = RouterMetrics(CollectorRegistry(), self.tap)
         self.indexes = build_indexes(config.index, self._approx_capacity, config.scheduling.prefill_tokens_per_s)
         self.precise, self.approx = self.indexes.precise, self.indexes.approx
         self.shared_load = self.indexes.shared_load
@@ -86,6 +91,10 @@ class App:
         self.metrics.registry.register(
             PreciseGauge(lambda: len(self.feed.precise_endpoints() & self.registry.snapshot().keys()))
         )
+        self.status = FleetStatus(Sources(self.registry, self.inflight, self.feed.status, self.feed.precise_endpoints,
+                                          self.feed.block_totals, self.indexes.sizes, self.tap,
+                                          stale_after_s=config.scrape.stale_after_s))  # fmt: skip
+        self.metrics.registry.register(self.status.collector())
         self.front = build_front(config, self._base, self.metrics, self.schemes)
         self.preparer = self.front.preparer
         settings = router_settings(config)
@@ -160,6 +169,7 @@ class App:
             await self.discovery.start()
         await self.scraper.start()
         self.feed.start()
+        self.status.start()
         if self.config.workers.fronts:
             self.workers = FrontWorkers(self.config, self._base, self.decider, self.metrics.registry)
         else:
@@ -204,8 +214,12 @@ class App:
             body = generate_latest(self.workers.metrics if self.workers else self.metrics.registry)
             return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
+        async def status(_: web.Request) -> web.Response:
+            return web.Response(text=self.status.page(), content_type="text/html")
+
         app = web.Application()
         app.router.add_get("/metrics", handle)
+        app.router.add_get("/status", status)
         self._metrics_runner = web.AppRunner(app, access_log=None)
         await self._metrics_runner.setup()
         site = web.TCPSite(self._metrics_runner, host, port)
@@ -226,6 +240,7 @@ class App:
             await self._metrics_runner.cleanup()
         await self.scraper.stop()
         await self.router.drain()
+        await self.status.stop()
         await self.lifecycle.stop()
         await self.feed.stop()
         await self.indexes.close()

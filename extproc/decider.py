@@ -341,6 +341,7 @@ class LocalDecider:
         m.decisions.labels(decision.reason.value).inc()
         m.cached_tokens.inc(decision.cached_tokens)
         m.prompt_tokens.inc(routing.prompt_tokens)
+        m.tap.decided(routing, decision)
         phases = merged_phases(ask.phases_s, timer.phases())
         for phase, seconds in phases.items():
             m.phase_seconds.labels(phase).observe(seconds)

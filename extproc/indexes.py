@@ -38,6 +38,8 @@ class Indexes:
     leases: StreamLeases | None = None
     shared_load: SharedLoad | None = None
     counters: list[tuple[str, object]] = field(default_factory=list)  # extra groups for router_kv_<group>_*
+    # {"precise" | "approx": the in-memory index whose size can be read without I/O}; a Redis-only index is absent
+    sizes: dict[str, MemoryPrefixIndex] = field(default_factory=dict)
 
     async def close(self) -> None:
         """Close every connection (after the feed stopped writing)."""
@@ -50,12 +52,13 @@ class Indexes:
 def build_indexes(config: IndexConfig, approx_capacity: Capacity, prefill_tokens_per_s: float) -> Indexes:
     """The indexes ``config`` names; nothing connects yet (Redis may be down at start)."""
     if not isinstance(config, RedisIndexConfig):
-        precise = MemoryPrefixIndex()
-        return Indexes(precise, MemoryPrefixIndex(capacity_blocks=approx_capacity), writes=precise)
+        precise, guesses = MemoryPrefixIndex(), MemoryPrefixIndex(capacity_blocks=approx_capacity)
+        return Indexes(precise, guesses, writes=precise, sizes={"precise": precise, "approx": guesses})
     client = client_for(config.url, config.timeout_s)
     shared = RedisPrefixIndex(client, namespace=config.namespace, timeout_s=config.timeout_s)
+    local = MemoryPrefixIndex(capacity_blocks=approx_capacity)
     approx = MirroredIndex(
-        MemoryPrefixIndex(capacity_blocks=approx_capacity),
+        local,
         RedisPrefixIndex.from_url(config.url, namespace=f"{config.namespace}-approx", timeout_s=config.timeout_s,
                                   capacity_blocks=approx_capacity),
         shared_timeout_s=config.lookup_deadline_s,  # the router allows twice this for the approximate index
@@ -63,7 +66,8 @@ def build_indexes(config: IndexConfig, approx_capacity: Capacity, prefill_tokens
     load = SharedLoad.from_url(
         config.url, namespace=config.namespace, prefill_tokens_per_s=prefill_tokens_per_s, timeout_s=config.timeout_s
     )
-    indexes = Indexes(shared, approx, writes=shared, shared_load=load, counters=[("redis_lookups", shared.lookups)])
+    indexes = Indexes(shared, approx, writes=shared, shared_load=load, counters=[("redis_lookups", shared.lookups)],
+                      sizes={"approx": local})  # fmt: skip
     if config.leases.enabled:
         owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         leases = StreamLeases(client, owner, namespace=config.namespace, ttl_s=config.leases.ttl_s,

@@ -4,21 +4,37 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import fields
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+if TYPE_CHECKING:
+    from extproc.types import Decision, RoutingRequest
+
 PHASES = ("parse", "tokenize", "hash", "lookup", "score", "total")
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
-class RouterMetrics:
-    """Counters and histograms for decisions; one instance per app."""
+class DecisionSink(Protocol):
+    def decided(self, routing: RoutingRequest, decision: Decision) -> None:
+        """Called once per decision from ``Router._observe``; must be O(1) (``status.tap.DecisionTap``)."""
+        ...
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+
+class _NoSink:
+    def decided(self, routing: RoutingRequest, decision: Decision) -> None:
+        pass
+
+
+class RouterMetrics:
+    """Counters and histograms for decisions; one instance per app. ``tap`` also sees every decision (the
+    status page's and the fleet metrics' per-endpoint and per-model totals)."""
+
+    def __init__(self, registry: CollectorRegistry, tap: DecisionSink | None = None) -> None:
         self.registry = registry
+        self.tap: DecisionSink = tap or _NoSink()
         self.decisions = Counter("router_decisions", "Routing decisions by reason", ["reason"], registry=registry)
         self.rejections = Counter(
             "router_rejections", "Requests refused, by HTTP status", ["status"], registry=registry

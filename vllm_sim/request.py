@@ -79,6 +79,7 @@ class SimRequest:
     num_cached_blocks: int = 0
     num_cached_tokens: int = -1
     num_preemptions: int = 0
+    scheduled_s: float | None = None  # start of the first step that ran it (vLLM's queue/prefill boundary)
     first_token_s: float | None = None
     finish_s: float | None = None
     finish_reason: str | None = None

@@ -20,6 +20,10 @@ LORA_INFO = "vllm:lora_requests_info"
 PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
 PREFIX_HITS = "vllm:prefix_cache_hits_total"
 PREEMPTIONS = "vllm:num_preemptions_total"
+# Request phase histograms (vLLM ≥ 0.7): only their _sum and _count lines are read (a mean per phase).
+QUEUE_SUM, QUEUE_COUNT = "vllm:request_queue_time_seconds_sum", "vllm:request_queue_time_seconds_count"
+PREFILL_SUM, PREFILL_COUNT = "vllm:request_prefill_time_seconds_sum", "vllm:request_prefill_time_seconds_count"
+DECODE_SUM, DECODE_COUNT = "vllm:request_decode_time_seconds_sum", "vllm:request_decode_time_seconds_count"
 
 _WANTED = (
     RUNNING,
@@ -31,8 +35,22 @@ _WANTED = (
     PREFIX_QUERIES,
     PREFIX_HITS,
     PREEMPTIONS,
+    QUEUE_SUM,
+    QUEUE_COUNT,
+    PREFILL_SUM,
+    PREFILL_COUNT,
+    DECODE_SUM,
+    DECODE_COUNT,
 )
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseTotals:
+    """One request phase as an engine histogram counts it since the engine started."""
+
+    seconds: float
+    requests: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +70,11 @@ class EngineMetrics:
     prefix_cache_queries: float = 0.0
     prefix_cache_hits: float = 0.0
     preemptions: float = 0.0
+    # Cumulative request phase times from the engine's histograms: (seconds summed, requests); None when the
+    # engine does not export that histogram (the simulator has no queue histogram, for one).
+    queue_time: PhaseTotals | None = None
+    prefill_time: PhaseTotals | None = None
+    decode_time: PhaseTotals | None = None
 
 
 class MetricsParseError(ValueError):
@@ -121,7 +144,16 @@ def parse_metrics(text: str) -> EngineMetrics:
         prefix_cache_queries=sums.get(PREFIX_QUERIES, 0.0),
         prefix_cache_hits=sums.get(PREFIX_HITS, 0.0),
         preemptions=sums.get(PREEMPTIONS, 0.0),
+        queue_time=_phase(sums, QUEUE_SUM, QUEUE_COUNT),
+        prefill_time=_phase(sums, PREFILL_SUM, PREFILL_COUNT),
+        decode_time=_phase(sums, DECODE_SUM, DECODE_COUNT),
     )
+
+
+def _phase(sums: dict[str, float], total: str, count: str) -> PhaseTotals | None:
+    if total not in sums or count not in sums:
+        return None
+    return PhaseTotals(seconds=sums[total], requests=sums[count])
 
 
 def _int(value: str | None) -> int | None:

@@ -18,7 +18,7 @@ from typing import Protocol
 from extproc.kvcache.gate import IndexWrites, WriteGate
 from extproc.kvcache.index import PrefixIndex
 from extproc.kvcache.ingest import Ingest
-from extproc.kvcache.subscriber import EventSource, KvEventSubscriber, SubscriberOptions
+from extproc.kvcache.subscriber import EventSource, KvEventSubscriber, StreamStatus, SubscriberOptions
 from extproc.types import EndpointId, HashScheme
 
 
@@ -77,6 +77,14 @@ class EventFeed:
 
     def has_live_events(self, endpoint: EndpointId) -> bool:
         return self.subscriber.has_live_events(endpoint)
+
+    def status(self, endpoint: EndpointId) -> StreamStatus | None:
+        """``endpoint``'s stream status (None: not followed), for the status page and fleet metrics."""
+        return self.subscriber.status(endpoint)
+
+    def block_totals(self, endpoint: EndpointId) -> tuple[int, int]:
+        """``(blocks stored, blocks removed)`` its events applied (``Ingest.block_totals``)."""
+        return self.ingest.block_totals(endpoint)
 
     def counters(self) -> list[tuple[str, object]]:
         """The write path's counter groups (exported as ``router_kv_<group>_<field>``)."""

@@ -91,6 +91,8 @@ class _EndpointState:
     cold: bool = True
     needs_purge: bool = False
     full_attention_group: int | None = None
+    blocks_stored: int = 0  # this endpoint's share of IngestCounters.blocks_stored
+    blocks_removed: int = 0
 
 
 _Segments = list[tuple[int, BlockHash | None]]  # a store's Chain segments: (first index, parent)
@@ -119,6 +121,11 @@ class Ingest:
         """Whether ``endpoint``'s hashes are trusted and whether it is cold (an unseen one: trusted, cold)."""
         st = self._states.get(endpoint)
         return IngestStatus(True, True) if st is None else IngestStatus(st.trusted, st.cold)
+
+    def block_totals(self, endpoint: EndpointId) -> tuple[int, int]:
+        """``(blocks stored, blocks removed)`` applied for ``endpoint`` since it was first seen (or forgotten)."""
+        st = self._states.get(endpoint)
+        return (0, 0) if st is None else (st.blocks_stored, st.blocks_removed)
 
     def _state(self, endpoint: EndpointId) -> _EndpointState:
         st = self._states.get(endpoint)
@@ -285,8 +292,10 @@ class Ingest:
             chain = None if segments is None else Chain(tuple(segments))
             written = await self.index.store(endpoint, hashes, chain=chain) is not False
             self.counters.blocks_stored += len(hashes)
+            st.blocks_stored += len(hashes)
             st.cold = False
         else:
             written = await self.index.remove(endpoint, hashes) is not False
             self.counters.blocks_removed += len(hashes)
+            st.blocks_removed += len(hashes)
         return written

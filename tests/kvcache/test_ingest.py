@@ -223,3 +223,15 @@ async def test_ingest_writes_through_the_redis_backend(valkey_url: str) -> None:
         assert await index.match(blocks(len(HASHES)), [E]) == {}
     finally:
         await index.close()
+
+
+async def test_block_totals_are_counted_per_endpoint() -> None:
+    """The fleet metrics' per-endpoint stores/removals (``router_endpoint_kv_blocks_*``) add up to the totals."""
+    ingest, _ = make()
+    other = EndpointId("10.0.0.2:8000")
+    await ingest.apply(E, batch(stored(0, 3), BlockRemoved((EngineBlockHash(HASHES[2]),), "GPU", 0)))
+    await ingest.apply(other, batch(stored(0, 2)))
+    assert ingest.block_totals(E) == (3, 1)
+    assert ingest.block_totals(other) == (2, 0)
+    assert ingest.block_totals(EndpointId("10.0.0.3:8000")) == (0, 0)
+    assert (ingest.counters.blocks_stored, ingest.counters.blocks_removed) == (5, 1)

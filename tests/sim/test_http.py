@@ -8,6 +8,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from extproc.backends.vllm_metrics import parse_metrics
 from tests.sim.helpers import sim_config
 from vllm_sim.cluster import SimCluster
 from vllm_sim.tokenize import PromptTokenizer
@@ -193,8 +194,15 @@ async def test_metrics_names_labels_and_counters(base: str) -> None:
     for line in (f"vllm:num_requests_running{labels} 0.0", f"vllm:num_requests_waiting{labels} 0.0",
                  f"vllm:prefix_cache_queries_total{labels} 80.0", f"vllm:prefix_cache_hits_total{labels} 32.0",
                  f"vllm:num_preemptions_total{labels} 0.0", f"vllm:time_to_first_token_seconds_count{labels} 2.0",
-                 f"vllm:e2e_request_latency_seconds_count{labels} 2.0"):  # fmt: skip
+                 f"vllm:e2e_request_latency_seconds_count{labels} 2.0",
+                 f"vllm:request_queue_time_seconds_count{labels} 2.0",
+                 f"vllm:request_prefill_time_seconds_count{labels} 2.0",
+                 f"vllm:request_decode_time_seconds_count{labels} 2.0"):  # fmt: skip
         assert line in text
+    # what the router reads of them (extproc/backends/vllm_metrics.py): sum and count per phase
+    phases = parse_metrics(text)
+    assert phases.prefill_time is not None and phases.prefill_time.requests == 2.0
+    assert phases.decode_time is not None and phases.decode_time.seconds > 0
     assert "vllm:kv_cache_usage_perc{" in text
     info = next(line for line in text.splitlines() if line.startswith("vllm:cache_config_info{"))
     for label in ('block_size="16"', 'prefix_caching_hash_algo="sha256"', 'enable_prefix_caching="True"',

@@ -14,12 +14,14 @@ from extproc.decider import DeciderSettings
 from extproc.errors import BadRequest, NoEndpoint
 from extproc.router import RouterSettings
 from extproc.types import (
+    Decision,
     Endpoint,
     EndpointId,
     HttpRequest,
     PassThrough,
     Reason,
     Route,
+    RoutingRequest,
 )
 from tests.support.router_fakes import A, B, DictIndex, make_router, post
 
@@ -195,3 +197,18 @@ async def test_the_record_of_a_pick_lives_only_until_events_can_report_it(live: 
     await asyncio.sleep(0)  # the record is a background write
     await asyncio.sleep(0)
     assert approx.ttls == [(route.endpoints[0], expected_ttl_s)]
+
+
+async def test_every_decision_reaches_the_status_tap() -> None:
+    """``_observe`` hands the tap the request and its decision (the tap does the counting: tests/unit/test_status_tap.py)."""
+    router, _, _ = make_router()
+    seen: list[tuple[str, str, int]] = []
+
+    class Tap:
+        def decided(self, routing: RoutingRequest, decision: Decision) -> None:
+            seen.append((routing.request_id, decision.endpoints[0], decision.cached_tokens))
+
+    router._deps.metrics.tap = Tap()
+    route = await router.route(post())
+    assert isinstance(route, Route)
+    assert seen == [("req-1", route.endpoints[0], int(route.headers[wire.CACHED_TOKENS_HEADER]))]

@@ -47,3 +47,26 @@ def test_old_kv_usage_name_is_understood() -> None:
 def test_garbage_is_a_parse_error_not_idle(page: str) -> None:
     with pytest.raises(MetricsParseError):
         parse_metrics(page)
+
+
+PHASES_PAGE = """\
+vllm:num_requests_running{engine="0",model_name="m"} 0.0
+vllm:num_requests_waiting{engine="0",model_name="m"} 0.0
+vllm:request_prefill_time_seconds_bucket{engine="0",le="0.3",model_name="m"} 3.0
+vllm:request_prefill_time_seconds_sum{engine="0",model_name="m"} 0.75
+vllm:request_prefill_time_seconds_sum{engine="1",model_name="m"} 0.25
+vllm:request_prefill_time_seconds_count{engine="0",model_name="m"} 3.0
+vllm:request_prefill_time_seconds_count{engine="1",model_name="m"} 1.0
+vllm:request_decode_time_seconds_sum{engine="0",model_name="m"} 6.0
+vllm:request_decode_time_seconds_count{engine="0",model_name="m"} 3.0
+vllm:request_queue_time_seconds_sum{engine="0",model_name="m"} 0.5
+"""
+
+
+def test_request_phase_histograms_are_read_as_sum_and_count() -> None:
+    """Summed over engines; a histogram without its _count (queue, here) is absent, not zero."""
+    m = parse_metrics(PHASES_PAGE)
+    assert m.prefill_time is not None and (m.prefill_time.seconds, m.prefill_time.requests) == (1.0, 4.0)
+    assert m.decode_time is not None and (m.decode_time.seconds, m.decode_time.requests) == (6.0, 3.0)
+    assert m.queue_time is None
+    assert parse_metrics(PAGE).prefill_time is None
