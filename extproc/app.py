@@ -21,6 +21,7 @@ from extproc.backends.inflight import InflightLoad
 from extproc.backends.registry import EndpointRegistry
 from extproc.backends.scraper import Scraper
 from extproc.config import EndpointConfig, RouterConfig
+from extproc.diagnostics.live import PrefixStabilityCollector, SampledDiagnostics
 from extproc.indexes import build_indexes
 from extproc.kvcache.feed import EventFeed
 from extproc.kvcache.hash_cache import CachedHasher, HashCacheStats
@@ -195,6 +196,7 @@ class App:
         self.metrics.registry.register(
             TokenizerCollector(self.preparer.tokenizers.encoders, self.preparer.tokenizers.segment_stats, hasher.stats)
         )
+        self.diagnostics = self._build_diagnostics()
         return RouterDeps(
             preparer=self.preparer,
             hasher=hasher,
@@ -210,7 +212,18 @@ class App:
             executor=self.hash_executor,
             shared_load=self.shared_load,
             has_live_events=self.feed.has_live_events,
+            diagnose=self.diagnostics.offer if self.diagnostics else None,
         )
+
+    def _build_diagnostics(self) -> SampledDiagnostics | None:
+        """Prefix-stability diagnostics (sampled), labelled by tenant class: a configured id, else "default"."""
+        config = self.config
+        if config.diagnostics.sample_fraction <= 0:
+            return None
+        classes = frozenset(config.tenants.classes)
+        diagnostics = SampledDiagnostics(config.diagnostics, lambda t: t if t in classes else "default")
+        self.metrics.registry.register(PrefixStabilityCollector(diagnostics.detector))
+        return diagnostics
 
     async def start(self) -> None:
         """Start scraping, serve gRPC (readiness NOT_SERVING until the first scrape round), serve metrics."""

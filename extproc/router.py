@@ -123,6 +123,7 @@ class RouterDeps:
     shared_load: SharedLoad | None = None  # in-flight load shared with the other replicas (Redis)
     # endpoint's events will report what it stores (even while cold after a purge); None: precise ones
     has_live_events: Callable[[EndpointId], bool] | None = None
+    diagnose: Callable[[RoutingRequest], None] | None = None  # once per routed request (it samples)
 
 
 class Router:
@@ -194,6 +195,7 @@ class Router:
             block_size=scheme.block_size,
             tenant=self._deps.tenant_for(tenant_id),
             subset=frozenset(request.subset) if request.subset is not None else None,
+            token_ids=prepared.token_ids,
         )
         states = self._deps.registry.snapshot()
         endpoints = eligible((s.endpoint for s in states.values()), routing.base_model, routing.lora, routing.subset)
@@ -367,6 +369,8 @@ class Router:
         m.prompt_tokens.inc(routing.prompt_tokens)
         for phase, seconds in timer.phases().items():
             m.phase_seconds.labels(phase).observe(seconds)
+        if self._deps.diagnose is not None:
+            self._deps.diagnose(routing)
         if log.isEnabledFor(logging.INFO):
             head = request.body[:_LOGGED_BODY_BYTES]
             extra = {"body_head": head.decode(errors="replace")} if self._settings.log_prompts else {}
