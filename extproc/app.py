@@ -235,6 +235,10 @@ class App:
         failed = await self.preparer.warm_up()
         for model, error in failed.items():
             log.warning("tokenizer for %s failed to load (%s): its requests route by load", model, error)
+        if self.diagnostics is not None:  # so that a span found live names its chat message
+            await self.diagnostics.probe_markers(
+                self.preparer, [m.name for m in self.config.models if m.name not in failed]
+            )
         options = ProcessorOptions(
             max_body_bytes=self.config.limits.max_body_bytes,
             close_after_pick=self.config.protocol.close_after_pick,

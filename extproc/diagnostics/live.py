@@ -1,23 +1,29 @@
 """Prefix stability on the live path: the router's sampled hook, and the metrics exported at scrape time.
 
 The router calls ``SampledDiagnostics.offer(routing)`` once per routed request (in ``Router._observe``); a
-sampled request costs one fingerprinting pass and a few vectorised comparisons on the event loop (~0.1-1 ms
-for 10k tokens), an unsampled one a random draw. Only fingerprints are kept: never prompt text.
+sampled request costs one fingerprinting pass and a few vectorised comparisons on the event loop (~0.3-1 ms
+for 10k tokens), an unsampled one a random draw. Only fingerprints are kept: never prompt text. A span names
+its chat message where ``probe_markers`` found the model's message marker at start (``messages``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
+from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from extproc.config import DiagnosticsConfig
 from extproc.diagnostics.fingerprints import Fingerprinter
+from extproc.diagnostics.messages import PROBE_MESSAGES, MessageMarkers
 from extproc.diagnostics.prefix_stability import PrefixStability, StabilitySettings, StreamKey
-from extproc.types import RoutingRequest
+from extproc.errors import RouterError
+from extproc.types import HttpRequest, PreparedPrompt, RoutingRequest
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +38,12 @@ def settings_from_config(config: DiagnosticsConfig) -> StabilitySettings:
         window_requests=config.window_requests, min_share=config.min_share, min_findings=config.min_findings,
         plot_blocks=config.plot_blocks,
     )  # fmt: skip
+
+
+class Preparing(Protocol):
+    """The part of the router's ``Preparer`` the probe uses."""
+
+    async def prepare(self, request: HttpRequest, tokenize_within_s: float | None = None) -> PreparedPrompt: ...
 
 
 class SampledDiagnostics:
@@ -53,6 +65,31 @@ class SampledDiagnostics:
         self._tenant_class = tenant_class
         self._rng = rng or random.Random()
         self._fingerprinter = Fingerprinter(GRANULE_TOKENS, self._rng.getrandbits(64) if key is None else key)
+        self._markers: dict[str, MessageMarkers] = {}  # base model -> its template's message markers
+
+    async def probe_markers(self, preparer: Preparing, models: Iterable[str]) -> None:
+        """When: at start, after the tokenizers are warm. Renders ``messages.PROBE_MESSAGES`` per model through
+        the picker's own preparer, so that later findings name their chat message; never raises."""
+        for model in models:
+            body = json.dumps({"model": model, "messages": PROBE_MESSAGES, "add_generation_prompt": False})
+            probe = HttpRequest("POST", "/v1/chat/completions", {"content-type": "application/json"},
+                                body.encode(), "diagnostics-probe")  # fmt: skip
+            try:
+                tokens = (await preparer.prepare(probe)).token_ids
+            except RouterError as exc:
+                tokens, why = None, str(exc)
+            else:
+                why = "its chat template opens messages with no common token"
+            if not tokens or not self.learn_markers(model, tokens):
+                log.info("diagnostics: varying spans of %s name no message (%s)", model, why)
+
+    def learn_markers(self, model: str, probe_tokens: Sequence[int]) -> bool:
+        """When: at start, per base model, with ``messages.PROBE_MESSAGES`` rendered and tokenized by the
+        picker's preparer. Later findings of that model name their message. False: no marker found."""
+        markers = MessageMarkers.from_probe(probe_tokens)
+        if markers is not None:
+            self._markers = {**self._markers, model: markers}  # swapped whole: the hot path reads it unlocked
+        return markers is not None
 
     def offer(self, routing: RoutingRequest) -> None:
         """When: once per routed request, after the decision. Never raises for odd input."""
@@ -64,7 +101,9 @@ class SampledDiagnostics:
         try:
             view = self._fingerprinter.view(tokens[: self._max_tokens])
             key = StreamKey(routing.base_model, self._tenant_class(routing.tenant.id))
-            self.detector.observe(key, view, routing.block_size)
+            markers = self._markers.get(routing.base_model)
+            locate = partial(markers.locate, tokens) if markers else None
+            self.detector.observe(key, view, routing.block_size, locate)
         except Exception:  # a diagnostic must never fail a request it only watches
             log.warning("prefix-stability diagnosis failed (request %s)", routing.request_id, exc_info=True)
 
@@ -101,8 +140,9 @@ class PrefixStabilityCollector(Collector):
         )
         offset = GaugeMetricFamily(
             "router_prefix_varying_span_offset_tokens",
-            "Token offset of the typical varying span; present only while one is reported",
-            labels=labels,
+            "Token offset of the typical varying span, and its chat message (index, role; '' unknown); present "
+            "only while one is reported",
+            labels=[*labels, "message", "role"],
         )
         for r in self._detector.reports():
             values = list(r.key)
@@ -112,5 +152,6 @@ class PrefixStabilityCollector(Collector):
             lost.add_metric(values, r.lost_blocks)
             share.add_metric(values, r.lost_share)
             if r.span is not None:
-                offset.add_metric(values, r.span.offset_tokens)
+                m = r.span.message
+                offset.add_metric([*values, str(m.index) if m else "", m.role if m else ""], r.span.offset_tokens)
         yield from (diagnosed, varying, blocks, lost, share, offset)

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from extproc.app import App
 from extproc.config import DiagnosticsConfig
 from extproc.diagnostics.live import PrefixStabilityCollector, SampledDiagnostics
+from extproc.diagnostics.prefix_stability import MessageRef
 from extproc.diagnostics.report import render_section, svg_plot, text_report
 from extproc.types import RoutingRequest, Tenant
 from tests.support.config import router_config
@@ -43,6 +44,10 @@ def _samples(registry: CollectorRegistry) -> dict[tuple[str, str, str], float]:
         for s in family.samples
         if s.name.startswith("router_prefix_")
     }
+
+
+def _labelled(registry: CollectorRegistry, name: str) -> dict[tuple[str, ...], float]:
+    return {tuple(s.labels.values()): s.value for f in registry.collect() for s in f.samples if s.name == name}
 
 
 @pytest.mark.parametrize(
@@ -83,8 +88,8 @@ def test_every_metric_is_exported_per_model_and_tenant_class() -> None:
     assert samples[("router_prefix_lost_blocks_total", *default)] == 0
     assert samples[("router_prefix_lost_hit_share", *gold)] > 0.8
     assert samples[("router_prefix_lost_hit_share", *default)] == 0
-    assert samples[("router_prefix_varying_span_offset_tokens", *gold)] == STAMP_AT
-    assert ("router_prefix_varying_span_offset_tokens", *default) not in samples  # only while one is reported
+    offsets = _labelled(registry, "router_prefix_varying_span_offset_tokens")
+    assert offsets == {("m", "gold", "", ""): STAMP_AT}  # only while reported; no markers learnt: no message
 
 
 def test_short_or_missing_prompts_are_not_diagnosed() -> None:
@@ -107,6 +112,19 @@ async def test_the_composition_root_wires_the_hook_and_its_metrics() -> None:
     finally:
         await on.stop()
         await off.stop()
+
+
+async def test_at_start_the_app_learns_each_models_message_marker() -> None:
+    app = App(router_config(diagnostics={"sample_fraction": 1}))
+    await app.start()  # the endpoints are not there: it waits out its first-scrape bound (2 s)
+    try:
+        assert app.diagnostics is not None
+        tokens = [1, 151644, 8948, 5, 5, 151644, 872, 6]  # <|im_start|>system ... <|im_start|>user ...
+        markers = app.diagnostics._markers["Qwen/Qwen3-0.6B"]
+        assert markers.locate(tokens, 3) == MessageRef(0, "system")
+        assert markers.locate(tokens, 7) == MessageRef(1, "user")
+    finally:
+        await app.stop()
 
 
 def test_reports_carry_no_prompt_text_and_the_fragment_is_well_formed() -> None:
