@@ -395,7 +395,7 @@ class DiagnosticsConfig(_Strict):
     max_shift_tokens: int = Field(8, ge=0, description="how much a span's length may differ between two requests")
     window_requests: int = Field(200, ge=1, description="recent diagnosed requests per stream the report summarises")
     min_share: float = Field(
-        0.25, gt=0, le=1, description="a span is reported when at least this share of the window has one ..."
+        0.1, gt=0, le=1, description="a span is reported when at least this share of the window has one ..."
     )
     min_findings: int = Field(3, ge=1, description="... and at least this many requests of the window do")
     plot_blocks: int = Field(512, ge=1, description="per-block repeat rates kept for the first this-many blocks")

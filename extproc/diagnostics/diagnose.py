@@ -40,7 +40,7 @@ class _Request:
 
 def run(args: argparse.Namespace) -> int:
     """The command: read, diagnose in order, print the report, write the plot. Exit 0; 2 on unreadable input."""
-    config = DiagnosticsConfig(window_requests=1 << 30, max_span_tokens=64)  # the report covers the whole file
+    config = DiagnosticsConfig(window_requests=1 << 30)  # the report covers the whole file
     detector = PrefixStability(settings_from_config(config))
     reader = _Reader(args, Fingerprinter(GRANULE_TOKENS, key=0))
     examples: dict[StreamKey, str] = {}

@@ -273,7 +273,7 @@ def typical_span(spans: Iterable[Span]) -> Span:
     """The most common message (ties: the earliest), with the median offset and length of its spans."""
     spans = list(spans)
     messages = Counter(s.message for s in spans)
-    top = max(messages.items(), key=lambda kv: (kv[1], -(kv[0].index if kv[0] else -1)))[0]
+    top = max(messages.items(), key=lambda kv: (kv[1], kv[0] is not None, -(kv[0].index if kv[0] else 0)))[0]
     mine = [s for s in spans if s.message == top]
     offset = int(statistics.median_low(s.offset_tokens for s in mine))
     length = int(statistics.median_low(s.length_tokens for s in mine))

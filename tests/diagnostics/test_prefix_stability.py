@@ -70,6 +70,13 @@ def _run(workload: Workload, config: DiagnosticsConfig | None = None) -> PrefixS
     return detector
 
 
+def stamped_minority(rng: random.Random) -> list[list[int]]:
+    """One client in five stamps its system prompt; the others send a stable prompt of their own."""
+    other = _tokens(rng, 300)
+    stamped = iter(timestamp_at_top(rng))
+    return [next(stamped) if i % 5 == 0 else other for i in range(150)]
+
+
 @pytest.mark.parametrize(
     "workload",
     [timestamp_at_top, lambda rng: timestamp_at_top(rng, variable_length=True)],
@@ -96,6 +103,12 @@ def test_workloads_without_a_varying_span_report_nothing(workload: Workload) -> 
     (report,) = _run(workload).reports()
     assert report.span is None and report.varying == 0 and report.lost_blocks == 0
     assert report.diagnosed == 30
+
+
+def test_a_span_in_a_fifth_of_a_streams_requests_is_reported() -> None:
+    (report,) = _run(stamped_minority).reports()
+    assert report.span is not None and report.span.message == MessageRef(0, "system")
+    assert report.window_varying == 29 and 0.1 < report.lost_share < 0.5
 
 
 def test_a_span_longer_than_max_span_tokens_is_not_reported() -> None:
