@@ -221,7 +221,11 @@ class App:
         if config.diagnostics.sample_fraction <= 0:
             return None
         classes = frozenset(config.tenants.classes)
-        diagnostics = SampledDiagnostics(config.diagnostics, lambda t: t if t in classes else "default")
+        diagnostics = SampledDiagnostics(
+            config.diagnostics,
+            lambda t: t if t in classes else "default",
+            defer=lambda work: asyncio.get_running_loop().call_soon(work),  # after the pick is answered
+        )
         self.metrics.registry.register(PrefixStabilityCollector(diagnostics.detector))
         return diagnostics
 

@@ -386,7 +386,10 @@ class DiagnosticsConfig(_Strict):
     """Prefix-stability diagnostics (docs/diagnostics.md): sampled on the live path, exported as metrics."""
 
     sample_fraction: float = Field(
-        0.02, ge=0, le=1, description="share of routed requests diagnosed (~0.1-1 ms each, on the event loop); 0: off"
+        0.02,
+        ge=0,
+        le=1,
+        description="share of routed requests diagnosed (~0.3-1 ms each, on the event loop after the pick); 0: off",
     )
     recent_requests: int = Field(32, ge=1, description="per model and tenant class, recent requests compared against")
     memory_mib: int = Field(8, ge=1, description="bound on the stored fingerprints (8 bytes per 4 tokens), all streams")

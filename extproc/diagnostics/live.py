@@ -22,7 +22,6 @@ from extproc.config import DiagnosticsConfig
 from extproc.diagnostics.fingerprints import Fingerprinter
 from extproc.diagnostics.messages import PROBE_MESSAGES, MessageMarkers
 from extproc.diagnostics.prefix_stability import PrefixStability, StabilitySettings, StreamKey
-from extproc.errors import RouterError
 from extproc.types import HttpRequest, PreparedPrompt, RoutingRequest
 
 log = logging.getLogger(__name__)
@@ -56,9 +55,11 @@ class SampledDiagnostics:
         *,
         rng: random.Random | None = None,
         key: int | None = None,
+        defer: Callable[[Callable[[], None]], object] | None = None,
     ) -> None:
         """``tenant_class`` maps a tenant id to a bounded label (configured classes, else "default");
-        ``key`` seeds the fingerprints (default: random per process)."""
+        ``key`` seeds the fingerprints (default: random per process); ``defer`` runs a diagnosis (default:
+        at once)."""
         self.detector = PrefixStability(settings_from_config(config))
         self._fraction = config.sample_fraction
         self._max_tokens = config.max_prompt_tokens
@@ -66,6 +67,7 @@ class SampledDiagnostics:
         self._rng = rng or random.Random()
         self._fingerprinter = Fingerprinter(GRANULE_TOKENS, self._rng.getrandbits(64) if key is None else key)
         self._markers: dict[str, MessageMarkers] = {}  # base model -> its template's message markers
+        self._defer = defer or (lambda work: work())
 
     async def probe_markers(self, preparer: Preparing, models: Iterable[str]) -> None:
         """When: at start, after the tokenizers are warm. Renders ``messages.PROBE_MESSAGES`` per model through
@@ -76,7 +78,7 @@ class SampledDiagnostics:
                                 body.encode(), "diagnostics-probe")  # fmt: skip
             try:
                 tokens = (await preparer.prepare(probe)).token_ids
-            except RouterError as exc:
+            except Exception as exc:  # RouterError (an unknown model) or anything else: start must go on
                 tokens, why = None, str(exc)
             else:
                 why = "its chat template opens messages with no common token"
@@ -92,12 +94,15 @@ class SampledDiagnostics:
         return markers is not None
 
     def offer(self, routing: RoutingRequest) -> None:
-        """When: once per routed request, after the decision. Never raises for odd input."""
+        """When: once per routed request, after the decision. A sampled request is diagnosed by ``defer``
+        (the app: the event loop's next turn, so the pick is answered first). Never raises."""
         if self._fraction <= 0 or self._rng.random() >= self._fraction:
             return
-        tokens = routing.token_ids
-        if not tokens or len(tokens) < routing.block_size:
-            return
+        if routing.token_ids and len(routing.token_ids) >= routing.block_size:
+            self._defer(partial(self._diagnose, routing))
+
+    def _diagnose(self, routing: RoutingRequest) -> None:
+        tokens = routing.token_ids or ()
         try:
             view = self._fingerprinter.view(tokens[: self._max_tokens])
             key = StreamKey(routing.base_model, self._tenant_class(routing.tenant.id))

@@ -3,6 +3,7 @@ the composition root wires it, and the status page's fragment shows it without p
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import random
 import xml.etree.ElementTree as ET
@@ -105,7 +106,9 @@ async def test_the_composition_root_wires_the_hook_and_its_metrics() -> None:
     try:
         assert on.diagnostics is not None and on.router._deps.diagnose == on.diagnostics.offer
         on.diagnostics.offer(_routing(_stamped(0)))
-        on.diagnostics.offer(_routing(_stamped(1)))  # exported on the app's own registry
+        on.diagnostics.offer(_routing(_stamped(1)))
+        assert not _samples(on.metrics.registry)  # diagnosed on the loop's next turn, after the pick is answered
+        await asyncio.sleep(0)  # exported on the app's own registry
         assert _samples(on.metrics.registry)[("router_prefix_diagnosed_requests_total", "m", "default")] == 2
         assert off.diagnostics is None and off.router._deps.diagnose is None
         assert not _samples(off.metrics.registry)
