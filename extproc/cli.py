@@ -64,7 +64,7 @@ def _add_diagnose(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--block-size", type=int, default=16, help="the engines' KV block size (vLLM's default 16)")
     p.add_argument("--trace-block-tokens", type=int, default=512, help="tokens per trace hash id (Mooncake: 512)")
     p.add_argument("--limit", type=int, default=0, help="diagnose at most this many requests (0: all)")
-    p.add_argument("--plot", default="prefix-stability.svg", help="where the SVG plot is written ('': none)")
+    p.add_argument("--plot", default="prefix-stability.svg", help="plot file: .svg, or .png (matplotlib); '': none")
     p.add_argument("--log-prompts", action="store_true", help="also print an example span's text (prompt text)")
     p.set_defaults(func=_diagnose)
 

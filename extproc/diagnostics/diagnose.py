@@ -21,8 +21,8 @@ from typing import Any
 from extproc.config import DiagnosticsConfig
 from extproc.diagnostics.fingerprints import BlockIdView, Fingerprinter, PromptView
 from extproc.diagnostics.live import GRANULE_TOKENS, settings_from_config
-from extproc.diagnostics.prefix_stability import MessageRef, PrefixStability, StreamKey
-from extproc.diagnostics.report import svg_plot, text_report
+from extproc.diagnostics.prefix_stability import MessageRef, PrefixStability, StreamKey, StreamReport
+from extproc.diagnostics.report import CACHED_COLOR, REPEATED_COLOR, SPAN_COLOR, svg_plot, text_report
 from extproc.prompt.models import BaseModel
 from extproc.prompt.openai import ParsedRequest, RequestKind, parse_request
 from extproc.prompt.render import render_and_tokenize_sync, render_chat_text
@@ -62,9 +62,40 @@ def run(args: argparse.Namespace) -> int:
     if skipped:
         print(f"({skipped} rows could not be tokenized and were skipped)")
     if args.plot:
-        Path(args.plot).write_text(svg_plot(reports))
+        _write_plot(Path(args.plot), reports)
         print(f"plot: {args.plot}")
     return 0
+
+
+def _write_plot(path: Path, reports: Sequence[StreamReport]) -> None:
+    """SVG (our own drawing, as on the status page); ``.png`` with matplotlib, where it is installed."""
+    if path.suffix.lower() != ".png":
+        path.write_text(svg_plot(reports))
+        return
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise ValueError("a .png plot needs matplotlib (pip install matplotlib), or write .svg") from exc
+    fig, axes = plt.subplots(max(len(reports), 1), 1, figsize=(8, 2.6 * max(len(reports), 1)), squeeze=False)
+    for ax, r in zip(axes[:, 0], reports, strict=False):
+        blocks = [b for b, n in enumerate(r.seen) if n]
+        x = [b * r.block_size for b in blocks]
+        ax.plot(x, [r.repeated[b] / r.seen[b] for b in blocks], color=REPEATED_COLOR, label="content repeats")
+        ax.plot(x, [r.cached[b] / r.seen[b] for b in blocks], color=CACHED_COLOR, label="prefix cache hit")
+        if r.span is not None:
+            ax.axvline(
+                r.span.offset_tokens, color=SPAN_COLOR, linestyle="--", label=f"varying span @{r.span.offset_tokens}"
+            )
+        ax.set(
+            title=f"{r.key.model} / {r.key.tenant}", xlabel="token offset", ylabel="share of requests", ylim=(0, 1.05)
+        )
+        ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
 
 
 def _rows(path: Path) -> Iterator[Mapping[str, Any]]:

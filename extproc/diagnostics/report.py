@@ -13,7 +13,7 @@ from html import escape
 from extproc.diagnostics.prefix_stability import Span, StreamReport
 
 _W, _H, _PAD = 640, 220, 40  # one plot panel: width, height, margin (px)
-_CACHED, _REPEATED, _SPAN = "#1f77b4", "#ff7f0e", "#d62728"
+CACHED_COLOR, REPEATED_COLOR, SPAN_COLOR = "#1f77b4", "#ff7f0e", "#d62728"  # the PNG plot uses them too
 ADVICE = (
     "move the varying value (timestamp, request id, user name) out of the prompt's beginning: after the stable "
     "instructions, into the last message, or drop it; then this stream's prefixes are cached again"
@@ -70,16 +70,16 @@ def svg_panel(r: StreamReport, *, top: int = 0) -> str:
         f'<text x="{x0 - 4}" y="{y1}" font-size="10" text-anchor="end">0</text>',
         f'<text x="{x1}" y="{y1 + 14}" font-size="10" text-anchor="end">{max_x} tokens</text>',
         f'<text x="{x0}" y="{y1 + 14}" font-size="10">0</text>',
-        f'<polyline fill="none" stroke="{_REPEATED}" stroke-width="2" points="{_points(repeated, max_x)}"/>',
-        f'<polyline fill="none" stroke="{_CACHED}" stroke-width="2" points="{_points(cached, max_x)}"/>',
-        f'<text x="{x1}" y="{y0 - 16}" font-size="10" text-anchor="end" fill="{_REPEATED}">content repeats</text>',
-        f'<text x="{x1}" y="{y0 - 4}" font-size="10" text-anchor="end" fill="{_CACHED}">prefix cache hit</text>',
+        f'<polyline fill="none" stroke="{REPEATED_COLOR}" stroke-width="2" points="{_points(repeated, max_x)}"/>',
+        f'<polyline fill="none" stroke="{CACHED_COLOR}" stroke-width="2" points="{_points(cached, max_x)}"/>',
+        f'<text x="{x1}" y="{y0 - 16}" font-size="10" text-anchor="end" fill="{REPEATED_COLOR}">content repeats</text>',
+        f'<text x="{x1}" y="{y0 - 4}" font-size="10" text-anchor="end" fill="{CACHED_COLOR}">prefix cache hit</text>',
     ]
     if r.span is not None:
         x = x0 + (x1 - x0) * r.span.offset_tokens / max_x
         parts += [
-            f'<line x1="{x:.1f}" y1="{y0}" x2="{x:.1f}" y2="{y1}" stroke="{_SPAN}" stroke-dasharray="4 3"/>',
-            f'<text x="{x + 3:.1f}" y="{y0 + 12}" font-size="10" fill="{_SPAN}">varying span '
+            f'<line x1="{x:.1f}" y1="{y0}" x2="{x:.1f}" y2="{y1}" stroke="{SPAN_COLOR}" stroke-dasharray="4 3"/>',
+            f'<text x="{x + 3:.1f}" y="{y0 + 12}" font-size="10" fill="{SPAN_COLOR}">varying span '
             f"@{r.span.offset_tokens}</text>",
         ]
     return "".join([*parts, "</g>"])

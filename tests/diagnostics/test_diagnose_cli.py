@@ -83,3 +83,12 @@ def test_unreadable_input_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixt
     bad.write_text("{not json\n")
     assert main(["diagnose", str(bad), "--plot", ""]) == 2
     assert "not JSON" in capsys.readouterr().err
+
+
+def test_a_png_plot_with_matplotlib(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")  # the bench extra; SVG needs nothing
+    png = tmp_path / "plot.png"
+    stamped = _write(tmp_path / "stamped.jsonl", stamp=True)
+    args = [str(stamped), "--tokenizer-cache", str(ROOT / "tokenizer_cache"), "--plot", str(png)]
+    assert main(["diagnose", *args]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"plot: {png}" in capsys.readouterr().out
