@@ -21,7 +21,8 @@ from extproc.backends.registry import EndpointRegistry
 from extproc.backends.scraper import Scraper
 from extproc.config import EndpointConfig, RouterConfig
 from extproc.decider import DeciderDeps, LocalDecider
-from extproc.front_build import build_front, processor_options, router_settings
+from extproc.diagnostics.report import render_section
+from extproc.front_build import build_front, processor_options, router_settings, warm_up
 from extproc.indexes import build_indexes
 from extproc.kvcache.feed import EventFeed
 from extproc.kvcache.subscriber import EventSource
@@ -97,6 +98,10 @@ class App:
         self.metrics.registry.register(self.status.collector())
         self.front = build_front(config, self._base, self.metrics, self.schemes)
         self.preparer = self.front.preparer
+        self.diagnostics = self.front.diagnostics
+        if self.diagnostics is not None and not config.workers.fronts:  # with fronts: their router_prefix_* metrics
+            detector = self.diagnostics.detector
+            self.status.sections.append(lambda _view: render_section(detector.reports()))
         settings = router_settings(config)
         self.decider = LocalDecider(self._decider_deps(), settings.decider)
         self.router = Router(self.front.deps, self.decider, settings)
@@ -191,8 +196,7 @@ class App:
         )
 
     async def _start_server(self) -> None:
-        for model, error in (await self.preparer.warm_up()).items():
-            log.warning("tokenizer for %s failed to load (%s): its requests route by load", model, error)
+        await warm_up(self.front, [m.name for m in self.config.models])
         listen = self.config.listen
         self._server = await start_server(
             self.router, host=listen.host, port=listen.grpc_port, options=processor_options(self.config), ready=False

@@ -50,6 +50,25 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _diagnose(args: argparse.Namespace) -> int:
+    from extproc.diagnostics.diagnose import run
+
+    return run(args)
+
+
+def _add_diagnose(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("diagnose", help="prefix-stability report over a JSONL of requests or a trace")
+    p.add_argument("input", help="JSONL: OpenAI request bodies, {body, tenant} rows, or trace rows (hash_ids)")
+    p.add_argument("--model", help="tokenizer to use (default: each body's model); names trace streams")
+    p.add_argument("--tokenizer-cache", default="tokenizer_cache", help="folder of per-model tokenizers")
+    p.add_argument("--block-size", type=int, default=16, help="the engines' KV block size (vLLM's default 16)")
+    p.add_argument("--trace-block-tokens", type=int, default=512, help="tokens per trace hash id (Mooncake: 512)")
+    p.add_argument("--limit", type=int, default=0, help="diagnose at most this many requests (0: all)")
+    p.add_argument("--plot", default="prefix-stability.svg", help="plot file: .svg, or .png (matplotlib); '': none")
+    p.add_argument("--log-prompts", action="store_true", help="also print an example span's text (prompt text)")
+    p.set_defaults(func=_diagnose)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="extproc", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -73,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--from-hub", action="store_true", help="download from the Hugging Face hub")
     add.add_argument("--cache-dir", default="tokenizer_cache")
     add.set_defaults(func=_tokenizers)
+
+    _add_diagnose(sub)
 
     from extproc.envoy.command import add_parser as add_envoy_config
 

@@ -395,6 +395,28 @@ class LoggingConfig(_Strict):
     )
 
 
+class DiagnosticsConfig(_Strict):
+    """Prefix-stability diagnostics (docs/diagnostics.md): sampled on the live path, exported as metrics."""
+
+    sample_fraction: float = Field(
+        0.02,
+        ge=0,
+        le=1,
+        description="share of routed requests diagnosed (~0.3-1 ms each, on the event loop after the pick); 0: off",
+    )
+    recent_requests: int = Field(32, ge=1, description="per model and tenant class, recent requests compared against")
+    memory_mib: int = Field(8, ge=1, description="bound on the stored fingerprints (8 bytes per 4 tokens), all streams")
+    max_prompt_tokens: int = Field(32768, ge=16, description="a prompt is diagnosed up to this many leading tokens")
+    max_span_tokens: int = Field(64, ge=1, description="a varying span longer than this is not reported")
+    max_shift_tokens: int = Field(8, ge=0, description="how much a span's length may differ between two requests")
+    window_requests: int = Field(200, ge=1, description="recent diagnosed requests per stream the report summarises")
+    min_share: float = Field(
+        0.1, gt=0, le=1, description="a span is reported when at least this share of the window has one ..."
+    )
+    min_findings: int = Field(3, ge=1, description="... and at least this many requests of the window do")
+    plot_blocks: int = Field(512, ge=1, description="per-block repeat rates kept for the first this-many blocks")
+
+
 class RouterConfig(_Strict):
     listen: ListenConfig = Field(ListenConfig(), description="where the picker serves gRPC and metrics")
     models: tuple[ModelConfig, ...] = Field(min_length=1, description="the served models (and their adapters)")
@@ -409,6 +431,9 @@ class RouterConfig(_Strict):
     protocol: ProtocolConfig = Field(ProtocolConfig(), description="ext_proc stream behaviour")
     logging: LoggingConfig = Field(LoggingConfig(), description="log level and what decision lines carry")
     tokenizer: TokenizerConfig = Field(TokenizerConfig(), description="how prompts are encoded")
+    diagnostics: DiagnosticsConfig = Field(
+        DiagnosticsConfig(), description="prefix-stability diagnostics of the traffic (sampled)"
+    )
     tokenizer_cache_dir: str = Field(
         "tokenizer_cache",
         description="folder of per-model tokenizers, loaded offline (relative: to the cwd, or with --relative to "

@@ -8,6 +8,8 @@ the config to the router's and the ext_proc server's settings.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -15,6 +17,7 @@ from pathlib import Path
 
 from extproc.config import RouterConfig
 from extproc.decider import DeciderSettings
+from extproc.diagnostics.live import PrefixStabilityCollector, SampledDiagnostics
 from extproc.kvcache.hash_cache import CachedHasher, HashCacheStats
 from extproc.kvcache.hashing import BlockHasher
 from extproc.observability import RouterMetrics, TokenizerCollector
@@ -23,6 +26,8 @@ from extproc.prompt.preparer import RequestPreparer, build_preparer
 from extproc.protocol.exchange import ProcessorOptions
 from extproc.router import FrontDeps, PendingHashes, RouterSettings
 from extproc.types import BlockHash, HashScheme, LoraAdapter
+
+log = logging.getLogger(__name__)
 
 
 class HasherCache:
@@ -61,6 +66,7 @@ class FrontParts:
     deps: FrontDeps
     preparer: RequestPreparer
     executors: tuple[ThreadPoolExecutor, ...]
+    diagnostics: SampledDiagnostics | None  # prefix stability, None when ``diagnostics.sample_fraction`` is 0
 
     def shutdown(self) -> None:
         for executor in self.executors:
@@ -86,8 +92,37 @@ def build_front(
     metrics.registry.register(
         TokenizerCollector(preparer.tokenizers.encoders, preparer.tokenizers.segment_stats, hasher.stats)
     )
-    deps = FrontDeps(preparer=preparer, hasher=hasher, scheme_for=scheme_for, metrics=metrics, executor=hashing)
-    return FrontParts(deps, preparer, (tokenize, hashing, checks))
+    diagnostics = _diagnostics(config, metrics)
+    deps = FrontDeps(
+        preparer=preparer, hasher=hasher, scheme_for=scheme_for, metrics=metrics, executor=hashing,
+        diagnose=diagnostics.offer if diagnostics else None,
+    )  # fmt: skip
+    return FrontParts(deps, preparer, (tokenize, hashing, checks), diagnostics)
+
+
+def _diagnostics(config: RouterConfig, metrics: RouterMetrics) -> SampledDiagnostics | None:
+    """Prefix-stability diagnostics (sampled), labelled by tenant class: a configured id, else "default".
+    With front workers each front diagnoses its own share of the traffic."""
+    if config.diagnostics.sample_fraction <= 0:
+        return None
+    classes = frozenset(config.tenants.classes)
+    diagnostics = SampledDiagnostics(
+        config.diagnostics,
+        lambda t: t if t in classes else "default",
+        defer=lambda work: asyncio.get_running_loop().call_soon(work),  # after the pick is answered
+    )
+    metrics.registry.register(PrefixStabilityCollector(diagnostics.detector))
+    return diagnostics
+
+
+async def warm_up(parts: FrontParts, models: Sequence[str]) -> None:
+    """Load every model's tokenizer (one that fails routes by load, said once), then let the diagnostics find
+    each model's message marker, so that a span found live names its chat message."""
+    failed = await parts.preparer.warm_up()
+    for model, error in failed.items():
+        log.warning("tokenizer for %s failed to load (%s): its requests route by load", model, error)
+    if parts.diagnostics is not None:
+        await parts.diagnostics.probe_markers(parts.preparer, [m for m in models if m not in failed])
 
 
 def router_settings(config: RouterConfig) -> RouterSettings:

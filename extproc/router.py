@@ -31,6 +31,8 @@ from extproc.types import (
     PassThrough,
     PreparedPrompt,
     Route,
+    RoutingRequest,
+    Tenant,
 )
 
 log = logging.getLogger("extproc.decision")
@@ -93,6 +95,7 @@ class FrontDeps:
     scheme_for: Callable[[str], HashScheme]  # base model → the hash scheme to use (the decider may correct it)
     metrics: RouterMetrics
     executor: Executor  # for hashing long prompts: its own thread, never queued behind tokenization
+    diagnose: Callable[[RoutingRequest], None] | None = None  # once per routed request (it samples)
 
 
 class Router:
@@ -133,11 +136,24 @@ class Router:
         timer.mark("hash")
         ask = self._ask(request, prepared, scheme, hashes, timer)
         try:
-            return await self.decider.decide(ask)
+            route = await self.decider.decide(ask)
         except SchemeChanged as changed:  # the pool's scheme became known (or changed) meanwhile: hash again
             hashes = await self._hash(changed.scheme, prepared)
             timer.mark("hash")
-            return await self.decider.decide(self._ask(request, prepared, changed.scheme, hashes, timer))
+            ask = self._ask(request, prepared, changed.scheme, hashes, timer)
+            route = await self.decider.decide(ask)
+        if self._deps.diagnose is not None and isinstance(route, Route):
+            self._deps.diagnose(self._diagnosed(ask, prepared))
+        return route
+
+    @staticmethod
+    def _diagnosed(ask: Ask, prepared: PreparedPrompt) -> RoutingRequest:
+        """What the prefix-stability hook reads: the routed request with its tokens (never sent to the decider)."""
+        return RoutingRequest(
+            request_id=ask.request_id, model=ask.model, base_model=ask.base_model, lora=ask.lora,
+            prompt_tokens=ask.prompt_tokens, block_hashes=ask.block_hashes, block_size=ask.scheme.block_size,
+            tenant=Tenant(ask.tenant_id), subset=ask.subset, token_ids=prepared.token_ids,
+        )  # fmt: skip
 
     def _ask(
         self,

@@ -94,6 +94,7 @@ class RoutingRequest:
     block_size: int
     tenant: Tenant = field(default_factory=Tenant)
     subset: frozenset[EndpointId] | None = None  # the gateway's subset hint, when given
+    token_ids: TokenIds | None = None  # the prompt's tokens (diagnostics read them; the decision does not)
 
 
 @dataclass(frozen=True, slots=True)

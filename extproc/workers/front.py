@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from extproc.backends.registry import EndpointRegistry
 from extproc.config import RouterConfig
-from extproc.front_build import build_front, processor_options, router_settings
+from extproc.front_build import build_front, processor_options, router_settings, warm_up
 from extproc.observability import RouterMetrics
 from extproc.protocol.server import start_server
 from extproc.resolvers import SchemeResolver
@@ -63,8 +63,7 @@ async def serve_front(config: RouterConfig, base_dir: Path, socket_path: str, in
         on_unavailable=metrics.decider_unavailable.inc,
     )
     router = Router(parts.deps, remote, router_settings(config))
-    for model, error in (await parts.preparer.warm_up()).items():
-        log.warning("tokenizer for %s failed to load (%s): its requests route by load", model, error)
+    await warm_up(parts, [m.name for m in config.models])
     server = await start_server(router, host=host, port=port, options=processor_options(config))
     remote.send(("ready", index))
     stats = asyncio.create_task(_send_stats(remote, index, metrics.registry), name="front-stats")

@@ -2,8 +2,9 @@
 
 Each front sends its registry's families every second (``frames.metric_rows``); ``MergedMetrics.collect``
 yields the decider's families with the fronts' samples added: counters, histograms and size gauges are summed
-per (sample, labels); ``_created`` timestamps take the earliest; the 0/1 gauges in ``_MAX_GAUGES`` take the
-largest (a model's encoder is "fast" if any front uses it; a fallback anywhere shows). A front that exits is
+per (sample, labels); ``_created`` timestamps take the earliest; the gauges in ``_MAX_GAUGES`` take the
+largest (a model's encoder is "fast" if any front uses it; a fallback anywhere shows; the worst front's
+prefix-stability finding). A front that exits is
 forgotten, so its counters leave the sums: a restart resets them, as a process restart would.
 """
 
@@ -17,7 +18,11 @@ from prometheus_client.metrics_core import Metric
 
 from extproc.workers.frames import MetricRows
 
-_MAX_GAUGES = frozenset({"router_tokenizer_encoder", "router_tokenizer_fallback"})
+# 0/1 flags, and per-front diagnostics whose sum would mean nothing (each front diagnoses its own share)
+_MAX_GAUGES = frozenset({
+    "router_tokenizer_encoder", "router_tokenizer_fallback",
+    "router_prefix_lost_hit_share", "router_prefix_varying_span_offset_tokens",
+})  # fmt: skip
 _Key = tuple[str, tuple[tuple[str, str], ...]]
 
 
