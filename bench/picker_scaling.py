@@ -11,7 +11,9 @@ one worker. One stack per configuration is started up front; rounds then alterna
 round-robin Envoy with no picker, the ceiling of the rest of the system), so drift on a shared machine falls
 on every side alike. Reported per configuration: requests/s (median over rounds, and its ratio to one
 process), latency p50/p99 from wrk, the share of requests the picker decided (the rest failed open or were
-passed through), and the picker's CPU per request (all its processes).
+passed through; counters are read at round boundaries, so requests in flight there can push it a little over
+100%), the picker's CPU per request (all its processes; in brackets the main process's, which with fronts is the
+decider alone) and the front Envoy's, which shares the same cores.
 
 Needs ``wrk`` (``apt-get install wrk``; ``scripts/setup.sh`` installs it where it can).
 """
@@ -69,6 +71,7 @@ class Side:
     prompt_tokens: float = 0.0
     cpu_s: float = 0.0
     decider_cpu_s: float = 0.0  # of cpu_s, the main process's (with fronts: the decider alone)
+    envoy_cpu_s: float = 0.0  # the Envoy in front (ext_proc client, routing): it shares the cores
 
 
 def body_files(workdir: Path, tokens: int) -> tuple[Path, Path]:
@@ -126,6 +129,8 @@ def run_round(side: Side, url: str, files: tuple[Path, Path], script: Path, conn
     main = [p.pid for p in stack.pickers if p.pid is not None]
     cpu0 = thread_cpu_s(stack.picker_pids()) if side.fronts is not None else 0.0
     main0 = thread_cpu_s(main)
+    envoy = [pid] if (pid := stack.envoy.pid) is not None else []
+    envoy0 = thread_cpu_s(envoy)
     out = subprocess.run(
         ["wrk", "-t1", f"-c{connections}", f"-d{max(int(seconds), 1)}s", "--latency", "-s", str(script), url, "--",
          str(files[0]), str(files[1])],
@@ -136,6 +141,7 @@ def run_round(side: Side, url: str, files: tuple[Path, Path], script: Path, conn
     side.p50_ms.append(p50)
     side.p99_ms.append(p99)
     side.requests += done
+    side.envoy_cpu_s += thread_cpu_s(envoy) - envoy0
     side.errors += errors
     if side.fronts is not None:
         side.cpu_s += thread_cpu_s(stack.picker_pids()) - cpu0
@@ -160,7 +166,7 @@ def print_table(tokens: int, sides: list[Side], connections: int) -> None:
     print(f"\n{tokens} tokens (document + question), wrk -t1 -c{connections}; medians over "
           f"{len(sides[0].rps)} rounds (min-max)")  # fmt: skip
     print(" side          |      req/s (min-max)    | vs 1 proc |  p50 ms  p99 ms | picked | "
-          "prompt tok | CPU ms/req (main) | errors")  # fmt: skip
+          "prompt tok | CPU ms/req (main) | Envoy CPU | errors")  # fmt: skip
     for s in sides:
         rps = statistics.median(s.rps)
         ratio = f"{rps / base:8.2f}x" if base and s.fronts is not None else "        -"
@@ -171,7 +177,7 @@ def print_table(tokens: int, sides: list[Side], connections: int) -> None:
             cpu = f"{1000 * s.cpu_s / s.requests:8.2f} ({1000 * s.decider_cpu_s / s.requests:5.2f})"
         print(f" {s.name:13} | {rps:8.0f} ({min(s.rps):5.0f}-{max(s.rps):5.0f}) | {ratio} | "
               f"{statistics.median(s.p50_ms):6.2f}  {statistics.median(s.p99_ms):6.2f} | {picked} | {tok} | {cpu} | "
-              f"{s.errors}")  # fmt: skip
+              f"{1000 * s.envoy_cpu_s / max(s.requests, 1):9.2f} | {s.errors}")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

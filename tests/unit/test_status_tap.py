@@ -7,7 +7,7 @@ import random
 import pytest
 
 from bench.suite.workloads import ceiling_share
-from extproc.status.ceiling import CeilingEstimator, CeilingRequest
+from extproc.status.ceiling import MARK_STRIDE, CeilingEstimator, CeilingRequest
 from extproc.status.tap import DecisionTap, tenant_classes
 from extproc.status.windows import Windows, ratio
 from extproc.types import BlockHash, Reason
@@ -112,3 +112,18 @@ def test_the_ceiling_queue_holds_a_bounded_number_of_blocks() -> None:
     tap.drain_ceiling(max_blocks=100)
     decide(tap, A, 100, 0, hashes=range(10))  # fits once the queue drained
     assert (tap.queued(), tap.ceiling_dropped) == (1, 1)
+
+
+def test_a_long_prompts_hit_run_is_counted_to_within_one_mark_stride() -> None:
+    """Beyond the first EXACT_BLOCKS only every MARK_STRIDE-th block is remembered: a long shared prefix is
+    under-counted by fewer than MARK_STRIDE blocks, never over-counted."""
+    rng = random.Random(3)
+    doc = [rng.randrange(1000) for _ in range(16 * 1000 + 5)]
+    est = CeilingEstimator()
+    est.add(CeilingRequest("m", "c", len(doc), _chain(doc), 16))
+    for tail in range(1, 9):  # the same document, diverging at a different block each time
+        ids = doc[: 16 * (900 + tail)] + [1000 + tail] * 64
+        before = est.totals[("m", "c")].hit_tokens
+        est.add(CeilingRequest("m", "c", len(ids), _chain(ids), 16))
+        counted = (est.totals[("m", "c")].hit_tokens - before) // 16
+        assert 900 + tail - MARK_STRIDE < counted <= 900 + tail
