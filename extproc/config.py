@@ -339,6 +339,13 @@ class TokenizerConfig(_Strict):
         description="share of fast encodings re-encoded with HF off the hot path; a mismatch switches that "
         'model to HF (router_tokenizer_checks{result="mismatch"})',
     )
+    verify_cpu_share: float = Field(
+        0.01,
+        gt=0,
+        le=1,
+        description="the HF re-encodes together use at most this share of one core (a sampled request that "
+        'would exceed it is not checked: router_tokenizer_checks{result="skipped"})',
+    )
     inline_body_bytes: int = Field(
         64 * 1024, ge=0, description="bodies up to this are rendered and encoded on the event loop (fast encoder)"
     )

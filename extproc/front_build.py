@@ -86,7 +86,13 @@ def build_front(
     def count_check(model: str, matched: bool) -> None:
         metrics.tokenizer_checks.labels(model, "match" if matched else "mismatch").inc()
 
-    shadow = ShadowCheck(config.tokenizer.verify_fraction, checks, on_result=count_check)
+    def count_skip(model: str) -> None:
+        metrics.tokenizer_checks.labels(model, "skipped").inc()
+
+    shadow = ShadowCheck(
+        config.tokenizer.verify_fraction, checks, on_result=count_check, on_skip=count_skip,
+        max_cpu_share=config.tokenizer.verify_cpu_share,
+    )  # fmt: skip
     preparer = build_preparer(config, base_dir, tokenize, shadow)
     hasher = HasherCache(config.tokenizer.hash_cache_mib << 20)
     metrics.registry.register(

@@ -72,7 +72,8 @@ class RouterMetrics:
         )
         self.tokenizer_checks = Counter(
             "router_tokenizer_checks",
-            "Fast encodings re-encoded with HF tokenizers off the hot path, by result (match, mismatch)",
+            "Fast encodings sampled for an HF re-encode off the hot path, by result (match, mismatch; skipped: over "
+            "the CPU budget, tokenizer.verify_cpu_share)",
             ["model", "result"],
             registry=registry,
         )

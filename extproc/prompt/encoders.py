@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor
@@ -212,6 +213,11 @@ class ShadowCheck:
     fast encoder returned; it only samples and submits.
     ``on_result(model, matched)`` is called from the executor's thread (a metrics counter). At most
     ``max_pending`` checks are queued: under load checks are skipped, never the requests.
+
+    CPU budget: the checks together spend at most ``max_cpu_share`` of one core (a token bucket of CPU seconds,
+    refilled at that rate, holding at most ``burst_s``; each check pays its own thread's CPU time after it ran).
+    The reference costs ~1 µs per token here, so a 1% sample of 32K-token prompts would otherwise cost 1.2 ms
+    per request; a sampled request that finds the bucket empty is skipped (``on_skip(model)``).
     """
 
     def __init__(
@@ -220,16 +226,28 @@ class ShadowCheck:
         executor: Executor,
         *,
         on_result: Callable[[str, bool], None] = lambda model, matched: None,
+        on_skip: Callable[[str], None] = lambda model: None,
         rng: random.Random | None = None,
         max_pending: int = 4,
+        max_cpu_share: float = 1.0,
+        burst_s: float = 0.25,
+        clock: Callable[[], float] = time.monotonic,
+        cpu_clock: Callable[[], float] = time.thread_time,
     ) -> None:
         self._fraction = fraction
         self._executor = executor
         self._on_result = on_result
+        self._on_skip = on_skip
         self._rng = rng or random.Random()
         self._max_pending = max_pending
         self._pending = 0
         self._lock = threading.Lock()
+        self._share = max_cpu_share
+        self._burst_s = burst_s
+        self._clock = clock
+        self._cpu_clock = cpu_clock
+        self._credit_s = burst_s
+        self._refilled_at = clock()
 
     def offer(self, choice: EncoderChoice, text: str, add_special_tokens: bool, ids: TokenIds) -> None:
         if self._fraction <= 0 or self._rng.random() >= self._fraction:
@@ -237,13 +255,24 @@ class ShadowCheck:
         with self._lock:
             if self._pending >= self._max_pending:
                 return
+            if not self._has_credit():
+                self._on_skip(choice.model)
+                return
             self._pending += 1
         try:
             self._executor.submit(self._check, choice, text, add_special_tokens, ids)
         except RuntimeError:  # executor shut down
             self._release()
 
+    def _has_credit(self) -> bool:
+        """Refill the bucket for the time since the last look (under the lock); True if a check may run."""
+        now = self._clock()
+        self._credit_s = min(self._burst_s, self._credit_s + (now - self._refilled_at) * self._share)
+        self._refilled_at = now
+        return self._credit_s > 0
+
     def _check(self, choice: EncoderChoice, text: str, add_special_tokens: bool, ids: TokenIds) -> None:
+        started = self._cpu_clock()
         try:
             ref = choice.reference.encode(text, add_special_tokens=add_special_tokens)
             matched = list(ref) == list(ids)
@@ -253,11 +282,12 @@ class ShadowCheck:
         except Exception as exc:  # the reference failing is not a verdict on the fast encoder
             log.debug("shadow tokenizer check failed: %s", exc)
         finally:
-            self._release()
+            self._release(spent_s=self._cpu_clock() - started)
 
-    def _release(self) -> None:
+    def _release(self, spent_s: float = 0.0) -> None:
         with self._lock:
             self._pending -= 1
+            self._credit_s -= spent_s
 
 
 if (

@@ -6,6 +6,8 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any
 
+import pytest
+
 from bench.stack_config import REPO
 from extproc.prompt.encoders import ENCODER_HF, EncoderChoice, HfEncoder, ShadowCheck, check_corpus, self_check
 from extproc.prompt.models import BaseModel
@@ -105,3 +107,28 @@ class _Differs:
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         ids = list(self._hf.encode(text, add_special_tokens=add_special_tokens))
         return [*ids, 0] if any(c.isdigit() for c in text) else ids
+
+
+def test_the_shadow_checks_stay_within_their_cpu_budget() -> None:
+    """A token bucket of CPU seconds: each check pays what it cost; an empty bucket skips (counted) until the
+    share of wall time it refills at has paid the debt back."""
+    now, spent = [0.0], [0.0]
+    skipped: list[str] = []
+
+    class Costly(Words):
+        def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+            spent[0] += 0.1  # each reference encode costs 100 ms of CPU
+            return super().encode(text, add_special_tokens=add_special_tokens)
+
+    shadow = ShadowCheck(1.0, Inline(), on_skip=skipped.append, max_cpu_share=0.01, burst_s=0.05,
+                         clock=lambda: now[0], cpu_clock=lambda: spent[0])  # fmt: skip
+    choice = EncoderChoice("m", Costly("ref"), Words("fast"), shadow=shadow)
+    choice.encode("a", add_special_tokens=False)  # the bucket held 0.05 s: checked, now 0.05 s in debt
+    choice.encode("b", add_special_tokens=False)
+    assert spent[0] == pytest.approx(0.1) and skipped == ["m"]
+    now[0] = 5.0  # 5 s at 1% refills exactly the debt: still nothing to spend
+    choice.encode("c", add_special_tokens=False)
+    assert skipped == ["m", "m"]
+    now[0] = 6.0
+    choice.encode("d", add_special_tokens=False)
+    assert spent[0] == pytest.approx(0.2) and len(skipped) == 2
