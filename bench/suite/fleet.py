@@ -190,6 +190,8 @@ def _start_pickers(policy: Policy, backends: Backends, workdir: Path, picker_set
             assert match is not None
             grpc.append((match.group(1), int(match.group(2))))
             metrics.append(f"http://{match.group(1)}:{match.group(3)}/metrics")
+            # what the scheduler sees, live, while the cell runs (issue 15's page)
+            print(f"  {policy.name} picker{i}: http://{match.group(1)}:{match.group(3)}/status", file=sys.stderr)
             router_pids += _pid(proc)
         envoy = _start_envoy("picker", backends.addresses, grpc, workdir)
         stoppers.append(envoy)
