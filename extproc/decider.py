@@ -171,7 +171,7 @@ class LocalDecider:
             self._deps.metrics.rejections.labels(str(exc.status)).inc()
             log.info(json.dumps({"request_id": ask.request_id, "rejected": exc.status, "error": exc.message}))
             raise
-        self._record(routing, decision, precise)
+        await self._record(routing, decision, precise)
         if self._settings.track_served:
             self._remember(ask.request_id, decision.endpoints[0], routing.block_hashes)
         timer.mark("total_end")
@@ -276,8 +276,12 @@ class LocalDecider:
         load = snapshot(record, self._deps.inflight, shared_queued, self._clock(), self._settings.stale_after_s)
         return Candidate(record.endpoint, load, cached_blocks, precise=precise)
 
-    def _record(self, routing: RoutingRequest, decision: Decision, precise: frozenset[EndpointId]) -> None:
-        """What we just routed becomes load and (approximate) cache state on the pick, before the next request."""
+    async def _record(self, routing: RoutingRequest, decision: Decision, precise: frozenset[EndpointId]) -> None:
+        """What we just routed becomes load and (approximate) cache state on the pick, before the next request.
+
+        In memory the approximate record is written inline: the lookups no longer yield to the event loop, so a
+        write left to a background task could miss the very next decision (a burst of one document would not
+        see its own first pick). With Redis the write waits on I/O and stays in the background."""
         pick = decision.endpoints[0]
         uncached = max(routing.prompt_tokens - decision.cached_tokens, 0)
         self._deps.inflight.add(pick, uncached)
@@ -288,7 +292,11 @@ class LocalDecider:
             # the moment until they do: a short burst mark, never a 600 s guess that its BlockRemoved cannot undo.
             live = self._deps.has_live_events(pick) if self._deps.has_live_events else pick in precise
             ttl = self._settings.burst_mark_ttl_s if live else self._settings.approx_ttl_s
-            self._spawn(self._deps.approx.store(pick, routing.block_hashes, ttl_s=ttl, chain=_FROM_ROOT))
+            write = self._deps.approx.store(pick, routing.block_hashes, ttl_s=ttl, chain=_FROM_ROOT)
+            if self._deps.lookups_wait_on_io:
+                self._spawn(write)
+            else:
+                await write
 
     def _remember(self, request_id: str, pick: EndpointId, hashes: Sequence[BlockHash]) -> None:
         self._picked[request_id] = (pick, hashes)
