@@ -31,12 +31,12 @@ from extproc.observability import CountersCollector, PreciseGauge, RouterMetrics
 from extproc.protocol.server import RunningServer, start_server
 from extproc.resolvers import SchemeResolver, TenantResolver
 from extproc.router import Router
-from extproc.scheduling.build import build_profile
+from extproc.scheduling.build import build_pd, build_profile
 from extproc.status.ceiling import CeilingEstimator
 from extproc.status.service import FleetStatus
 from extproc.status.tap import DecisionTap, tenant_classes
 from extproc.status.view import Sources
-from extproc.types import Endpoint, EndpointId, HashScheme
+from extproc.types import Endpoint, EndpointId, HashScheme, Role
 from extproc.workers import FrontWorkers
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,9 @@ class App:
     def __init__(self, config: RouterConfig, *, base_dir: Path | None = None) -> None:
         self.config = config
         self._base = base_dir or Path.cwd()
-        endpoints = [Endpoint(EndpointId(e.address), models=frozenset(e.models)) for e in config.endpoints]
+        endpoints = [
+            Endpoint(EndpointId(e.address), models=frozenset(e.models), role=Role(e.role)) for e in config.endpoints
+        ]
         self.registry = EndpointRegistry(endpoints)
         self.inflight = InflightLoad(config.scheduling.prefill_tokens_per_s)
         self.tap = DecisionTap(tenant_classes(config.tenants.classes), CeilingEstimator())
@@ -127,7 +129,9 @@ class App:
         """Discovery changed the set: static endpoints plus ``found`` (``EndpointLifecycle.discovered``); a
         discovered endpoint's KV events are followed when ``discovery.dns.kv_events`` names them (with its IP)."""
         static = {EndpointId(e.address): frozenset(e.models) for e in self.config.endpoints}
-        self.lifecycle.discovered(static, found, self._discovered_events)
+        dns = self.config.discovery.dns
+        role = Role(dns.role) if dns else Role.BOTH
+        self.lifecycle.discovered(static, found, self._discovered_events, role=role)
 
     def _discovered_events(self, eid: EndpointId) -> EventSource | None:
         dns = self.config.discovery.dns
@@ -159,6 +163,7 @@ class App:
             approx=self.approx,
             precise_endpoints=self.feed.precise_endpoints,
             profile=build_profile(self.config.scheduling),
+            pd=build_pd(self.config.scheduling),
             metrics=self.metrics,
             shared_load=self.shared_load,
             has_live_events=self.feed.has_live_events,
