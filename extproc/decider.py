@@ -367,6 +367,8 @@ class LocalDecider:
     ) -> None:
         m = self._deps.metrics
         m.decisions.labels(decision.reason.value).inc()
+        if split is not None:
+            m.pd_decisions.labels(split.reason.value).inc()
         m.cached_tokens.inc(decision.cached_tokens)
         m.prompt_tokens.inc(routing.prompt_tokens)
         m.tap.decided(routing, decision)
