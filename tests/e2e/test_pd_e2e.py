@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 
 from bench.stack import Stack, StackSpec
+from extproc import wire
 from tests.support.chat import cached, chat
 
 pytestmark = [pytest.mark.envoy, pytest.mark.slow]
@@ -38,7 +39,8 @@ async def test_a_long_prompt_is_disaggregated_and_a_short_one_runs_locally(tmp_p
         (decode,), (prefill,) = stack.backends, stack.prefill_backends
         url = stack.envoy.url("/v1/chat/completions")
         async with aiohttp.ClientSession() as session:
-            status, short = await chat(session, url, SHORT)
+            # a client's own header is removed: only the picker names a prefill pod
+            status, short = await chat(session, url, SHORT, headers={wire.PREFILLER_HEADER: prefill})
             assert status == 200
             assert _prompt_tokens(prefill) == 0, "a short prompt runs on the decode pod alone"
 
