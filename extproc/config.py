@@ -88,8 +88,8 @@ class DnsDiscoveryConfig(_Strict):
     )
     role: RoleName = Field(
         "both",
-        description="the P/D role of every endpoint this name resolves to: one DNS name per pool, e.g. a headless "
-        "Service selecting `llm-d.ai/role: decode` (DNS cannot carry the label itself)",
+        description="the P/D role of every endpoint this name resolves to: one DNS name per pool (`pools`), e.g. a "
+        "headless Service selecting `llm-d.ai/role: decode` (DNS cannot carry the label itself)",
     )
 
     @field_validator("nameserver")
@@ -111,6 +111,15 @@ class DnsDiscoveryConfig(_Strict):
 
 class DiscoveryConfig(_Strict):
     dns: DnsDiscoveryConfig | None = Field(None, description="add the A records of a DNS name as endpoints")
+    pools: tuple[DnsDiscoveryConfig, ...] = Field(
+        (),
+        description="more DNS names, one per pool, each with its own port, role and KV events (e.g. a prefill and "
+        "a decode Service); endpoints found are the union",
+    )
+
+    def names(self) -> tuple[DnsDiscoveryConfig, ...]:
+        """Every DNS name to follow: ``dns``, then ``pools``."""
+        return ((self.dns,) if self.dns else ()) + self.pools
 
 
 class ScrapeConfig(_Strict):
@@ -487,8 +496,8 @@ class RouterConfig(_Strict):
 
     @model_validator(mode="after")
     def _unique(self) -> RouterConfig:
-        if not self.endpoints and self.discovery.dns is None:
-            raise ValueError("endpoints: at least one is required unless discovery.dns is set")
+        if not self.endpoints and not self.discovery.names():
+            raise ValueError("endpoints: at least one is required unless discovery.dns (or pools) is set")
         addresses = [e.address for e in self.endpoints]
         if len(set(addresses)) != len(addresses):
             raise ValueError("endpoint addresses must be unique")

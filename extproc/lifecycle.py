@@ -50,14 +50,17 @@ class EndpointLifecycle:
         found: frozenset[EndpointId],
         events_for: Callable[[EndpointId], EventSource | None],
         *,
-        role: Role = Role.BOTH,
+        roles: Mapping[EndpointId, Role] | None = None,
     ) -> None:
         """The set is now ``static`` plus ``found``: new ones are scraped and their events followed; gone ones
-        are forgotten everywhere (``gone``). ``role``: the P/D role of the discovered ones (static endpoints
-        keep the one they were registered with)."""
+        are forgotten everywhere (``gone``). ``roles``: the P/D role of discovered ones (default both; static
+        endpoints keep the one they were registered with)."""
+        roles = roles or {}
         ids = [*static, *sorted(found - static.keys())]
         gone = set(self._registry.snapshot()) - set(ids)
-        self._registry.sync(Endpoint(eid, models=static.get(eid, frozenset()), role=role) for eid in ids)
+        self._registry.sync(
+            Endpoint(eid, models=static.get(eid, frozenset()), role=roles.get(eid, Role.BOTH)) for eid in ids
+        )
         self._set_targets({eid: f"http://{eid}" for eid in ids})
         for eid in ids:
             source = None if eid in static else events_for(eid)

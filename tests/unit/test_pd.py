@@ -6,11 +6,13 @@ from dataclasses import replace
 import pytest
 
 from extproc import wire
+from extproc.app import App
 from extproc.backends.registry import EndpointRegistry
 from extproc.config import EndpointConfig, SchedulingConfig
 from extproc.scheduling.build import build_pd, build_profile
 from extproc.scheduling.pd import PdPolicy, PdReason, decide, split_roles
 from extproc.types import BlockHash, Candidate, Endpoint, EndpointId, LoadSnapshot, Role, Route, RoutingRequest
+from tests.support.config import router_config
 from tests.support.router_fakes import make_router, post
 
 D1, D2 = EndpointId("10.0.1.1:8000"), EndpointId("10.0.1.2:8000")
@@ -133,3 +135,20 @@ async def test_the_decider_names_the_prefill_pod_in_llm_ds_header(tokens: int, h
     assert route.headers.get(wire.PREFILLER_HEADER) == header
     # the prefill leg is load on the prefill endpoint; the decode endpoint only receives the KV
     assert (inflight.queued_tokens(P1) > 0, inflight.queued_tokens(D1) > 0) == (header is not None, header is None)
+
+
+async def test_each_discovery_pool_gives_its_endpoints_its_role() -> None:
+    pools = [{"name": "decode.llm.svc", "port": 8000, "role": "decode", "nameserver": "127.0.0.1:53"},
+             {"name": "prefill.llm.svc", "port": 8000, "role": "prefill", "nameserver": "127.0.0.1:53"}]  # fmt: skip
+    app = App(router_config([], discovery={"dns": pools[0], "pools": pools[1:]}))
+    try:
+        assert len(app.discoveries) == 2
+        app._discovered(0, frozenset({D1, D2}))
+        app._discovered(1, frozenset({P1}))
+        roles = {e: r.endpoint.role for e, r in app.registry.snapshot().items()}
+        assert roles == {D1: Role.DECODE, D2: Role.DECODE, P1: Role.PREFILL}
+        app._discovered(0, frozenset({D1}))  # D2 is gone; the prefill pool is untouched
+        assert set(app.registry.snapshot()) == {D1, P1}
+        await app.lifecycle.stop()  # the gone endpoint's cleanups
+    finally:
+        app.front.shutdown()
