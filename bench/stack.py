@@ -55,6 +55,7 @@ from bench.stack_config import (
     envoy_bootstrap,
     kv_events_sources,
     merge_sections,
+    pd_sim_args,
     picker_config,
     sim_argv,
 )
@@ -101,6 +102,9 @@ class StackSpec:
     # backends, no hash seed (and the simulators run with the environment's PYTHONHASHSEED, if any).
     discover_scheme: bool = False
     picker_log_level: str | None = "WARNING"  # None: the config's default (INFO: one decision line each)
+    # P/D: this many prefill-role simulators (NIXL connector) beside the ``backends``, which then are decode-role
+    # (connector plus llm-d's decode sidecar, simulated); the picker knows both pools, Envoy only the decode one
+    prefill_backends: int = 0
 
     def __post_init__(self) -> None:
         kinds = (self.envoy, *self.extra_envoys)
@@ -126,7 +130,8 @@ class Stack:
         self.pickers: list[ManagedProcess] = []
         self.envoys: dict[EnvoyKind, EnvoyProcess] = {}
         self.added_envoys: list[EnvoyProcess] = []  # add_envoy's, beside the picker Envoy
-        self.backends: list[str] = []  # the live backends' ip:port
+        self.backends: list[str] = []  # the live backends' ip:port (the decode pool when P/D)
+        self.prefill_backends: list[str] = []  # P/D: the prefill pool's ip:port (StackSpec.prefill_backends)
         self.dead: list[str] = []  # endpoints nobody listens on (StackSpec.dead)
         self._backend_process: dict[str, int] = {}  # backend ip:port -> index in sims
         self.kv_events: dict[str, dict[str, str]] = {}  # backend ip:port -> its KV-event endpoints
@@ -280,17 +285,24 @@ class Stack:
     # -- starting each piece ----------------------------------------------------------------------------
     def _start_sims(self) -> None:
         spec = self.spec
-        per = spec.backends_per_sim or spec.backends
+        pd = spec.prefill_backends > 0
+        self._start_sim_pool(spec.backends, self.backends, pd_sim_args("decode") if pd else ())
+        if pd:
+            self._start_sim_pool(spec.prefill_backends, self.prefill_backends, pd_sim_args("prefill"))
+
+    def _start_sim_pool(self, count: int, into: list[str], pd_args: tuple[str, ...]) -> None:
+        spec = self.spec
+        per = spec.backends_per_sim or count
         max_len = spec.max_model_len
         if spec.num_gpu_blocks is not None:  # vllm-sim refuses a max_model_len beyond its KV capacity
             max_len = min(max_len, (spec.num_gpu_blocks - 1) * spec.block_size)
-        for first in range(0, spec.backends, per):
-            servers = min(per, spec.backends - first)
+        for first in range(0, count, per):
+            servers = min(per, count - first)
             kv_base = str(self.workdir / f"kv{len(self.sims)}") if spec.kv_events else None
             argv = sim_argv(
                 sys.executable, servers=servers, profile=spec.sim_profile, block_size=spec.block_size,
                 max_model_len=max_len, num_gpu_blocks=spec.num_gpu_blocks, kv_events_base=kv_base,
-                extra=spec.sim_args,
+                extra=(*spec.sim_args, *pd_args),
             )  # fmt: skip
             proc = ManagedProcess(f"sim{len(self.sims)}", argv, self.workdir / f"sim{len(self.sims)}.log",
                                   cwd=REPO, env=_sim_env(spec))  # fmt: skip
@@ -300,7 +312,7 @@ class Stack:
             if len(addresses) != servers:
                 raise RuntimeError(f"{proc.name}: expected {servers} serving lines, got {addresses}")
             for i, address in enumerate(addresses):
-                self.backends.append(address)
+                into.append(address)
                 self._backend_process[address] = len(self.sims) - 1
                 if kv_base is not None:
                     self.kv_events[address] = kv_events_sources(kv_base, i)
@@ -340,8 +352,11 @@ class Stack:
     def _picker_process(self, index: int, listen: dict[str, Any], log_name: str) -> ManagedProcess:
         """Write picker ``index``'s config (``listen`` over the spec's overrides) and make its process."""
         spec = self.spec
+        roles = {e: "prefill" for e in self.prefill_backends} | ({e: "decode" for e in self.backends}
+                                                                   if self.prefill_backends else {})  # fmt: skip
         config = picker_config(
-            self.endpoints, self.kv_events, block_size=None if spec.discover_scheme else spec.block_size,
+            [*self.endpoints, *self.prefill_backends], self.kv_events, roles=roles,
+            block_size=None if spec.discover_scheme else spec.block_size,
             hash_seed=None if spec.discover_scheme else HASH_SEED, metrics_urls=self._metrics_urls(),
             log_level=spec.picker_log_level, overrides=merge_sections(spec.picker_overrides, listen),
         )  # fmt: skip

@@ -75,6 +75,16 @@ def sim_argv(
     return argv + list(extra)
 
 
+NIXL_TRANSFER_CONFIG = '{"kv_connector": "NixlConnector", "kv_role": "kv_both"}'
+"""vLLM's ``--kv-transfer-config`` in llm-d's P/D guide (vLLM's NixlConnector; roles come from the proxy)."""
+
+
+def pd_sim_args(role: Literal["prefill", "decode"]) -> tuple[str, ...]:
+    """The vllm-sim flags of a P/D pool: the NIXL connector, plus llm-d's decode sidecar on decode servers."""
+    sidecar = ("--sim-pd-sidecar",) if role == "decode" else ()
+    return ("--kv-transfer-config", NIXL_TRANSFER_CONFIG, *sidecar)
+
+
 def kv_events_sources(base: str, index: int) -> dict[str, str]:
     """Server ``index``'s PUB and replay endpoints. ``ipc://``: vLLM (and vllm-sim) *bind* it, so every
     picker replica can dial it, and nothing listens on TCP; server ``i > 0`` gets vllm-sim's ``_dp<i>``
@@ -92,10 +102,11 @@ def picker_config(
     metrics_urls: dict[str, str] | None = None,
     log_level: str | None = "WARNING",
     overrides: dict[str, Any] | None = None,
+    roles: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The picker's ``RouterConfig`` as a dict: gRPC and metrics on port 0 (the ready line names them),
     the in-memory index, ``endpoints`` (with their KV-event PUB endpoint where ``kv_events`` has one, and
-    their metrics URL where ``metrics_urls`` has one).
+    their metrics URL where ``metrics_urls`` has one, their P/D role where ``roles`` has one).
 
     ``block_size`` None: the model names no block size and no hash algorithm (the picker discovers both
     from the backends); ``hash_seed`` None: none set; ``log_level`` None: the config's default.
@@ -106,11 +117,11 @@ def picker_config(
         model.update(block_size=block_size, hash_algo="sha256")
     if hash_seed is not None:
         model["hash_seed"] = hash_seed
-    kv_events, metrics_urls = kv_events or {}, metrics_urls or {}
+    kv_events, metrics_urls, roles = kv_events or {}, metrics_urls or {}, roles or {}
     config: dict[str, Any] = {
         "listen": {"host": "127.0.0.1", "grpc_port": 0, "metrics_port": 0},
         "models": [model],
-        "endpoints": [_endpoint(e, kv_events.get(e), metrics_urls.get(e)) for e in endpoints],
+        "endpoints": [_endpoint(e, kv_events.get(e), metrics_urls.get(e), roles.get(e)) for e in endpoints],
         "tokenizer_cache_dir": str(TOKENIZER_CACHE),
     }
     if log_level is not None:
@@ -118,8 +129,12 @@ def picker_config(
     return merge_sections(config, overrides or {})
 
 
-def _endpoint(address: str, kv_events: dict[str, str] | None, metrics_url: str | None) -> dict[str, Any]:
+def _endpoint(
+    address: str, kv_events: dict[str, str] | None, metrics_url: str | None, role: str | None = None
+) -> dict[str, Any]:
     entry: dict[str, Any] = {"address": address}
+    if role is not None:
+        entry["role"] = role
     if kv_events is not None:
         entry["kv_events"] = kv_events
     if metrics_url is not None:

@@ -7,6 +7,7 @@ event subscriptions, tokenizers, the gRPC server, the metrics endpoint); ``App.s
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Iterable
 from pathlib import Path
@@ -19,7 +20,7 @@ from extproc.backends.dns import DnsDiscovery, DnsResolver, system_nameserver
 from extproc.backends.inflight import InflightLoad
 from extproc.backends.registry import EndpointRegistry
 from extproc.backends.scraper import Scraper
-from extproc.config import EndpointConfig, RouterConfig
+from extproc.config import DnsDiscoveryConfig, EndpointConfig, RouterConfig
 from extproc.decider import DeciderDeps, LocalDecider
 from extproc.diagnostics.report import render_section
 from extproc.front_build import build_front, processor_options, router_settings, warm_up
@@ -31,12 +32,12 @@ from extproc.observability import CountersCollector, PreciseGauge, RouterMetrics
 from extproc.protocol.server import RunningServer, start_server
 from extproc.resolvers import SchemeResolver, TenantResolver
 from extproc.router import Router
-from extproc.scheduling.build import build_profile
+from extproc.scheduling.build import build_pd, build_profile
 from extproc.status.ceiling import CeilingEstimator
 from extproc.status.service import FleetStatus
 from extproc.status.tap import DecisionTap, tenant_classes
 from extproc.status.view import Sources
-from extproc.types import Endpoint, EndpointId, HashScheme
+from extproc.types import Endpoint, EndpointId, HashScheme, Role
 from extproc.workers import FrontWorkers
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,9 @@ class App:
     def __init__(self, config: RouterConfig, *, base_dir: Path | None = None) -> None:
         self.config = config
         self._base = base_dir or Path.cwd()
-        endpoints = [Endpoint(EndpointId(e.address), models=frozenset(e.models)) for e in config.endpoints]
+        endpoints = [
+            Endpoint(EndpointId(e.address), models=frozenset(e.models), role=Role(e.role)) for e in config.endpoints
+        ]
         self.registry = EndpointRegistry(endpoints)
         self.inflight = InflightLoad(config.scheduling.prefill_tokens_per_s)
         self.tap = DecisionTap(tenant_classes(config.tenants.classes), CeilingEstimator())
@@ -80,7 +83,9 @@ class App:
             on_scrape=self.inflight.scraped,
             on_down=lambda eid: self.lifecycle.down(eid),
         )
-        self.discovery = self._build_discovery()
+        self.discoveries = [self._dns_discovery(i, dns) for i, dns in enumerate(config.discovery.names())]
+        self._found: dict[int, frozenset[EndpointId]] = {}  # {discovery index: what it found last}
+        self._pool_of: dict[EndpointId, DnsDiscoveryConfig] = {}  # discovered endpoint -> the name that found it
         self.schemes = SchemeResolver({m.name: m for m in config.models}, self.registry)
         self.feed = EventFeed(
             sources_from_config(config.endpoints), self.indexes.writes, self.approx, self._scheme_of,
@@ -111,26 +116,29 @@ class App:
         self.grpc_port = 0
         self.metrics_port = 0
 
-    def _build_discovery(self) -> DnsDiscovery | None:
-        dns = self.config.discovery.dns
-        if dns is None:
-            return None
+    def _dns_discovery(self, index: int, dns: DnsDiscoveryConfig) -> DnsDiscovery:
         if dns.nameserver:
             host, _, port = dns.nameserver.rpartition(":")
             nameserver = (host.strip("[]"), int(port))
         else:
             nameserver = system_nameserver()
         resolver = DnsResolver(nameserver, timeout_s=dns.timeout_s)
-        return DnsDiscovery(resolver, dns.name, dns.port, interval_s=dns.interval_s, on_change=self._discovered)
+        on_change = functools.partial(self._discovered, index)
+        return DnsDiscovery(resolver, dns.name, dns.port, interval_s=dns.interval_s, on_change=on_change)
 
-    def _discovered(self, found: frozenset[EndpointId]) -> None:
-        """Discovery changed the set: static endpoints plus ``found`` (``EndpointLifecycle.discovered``); a
-        discovered endpoint's KV events are followed when ``discovery.dns.kv_events`` names them (with its IP)."""
+    def _discovered(self, index: int, found: frozenset[EndpointId]) -> None:
+        """Discovery ``index`` changed its set: static endpoints plus every name's finds
+        (``EndpointLifecycle.discovered``), each with the role of the name that found it (the first name, where
+        two find the same address); its KV events are followed when that name's ``kv_events`` names them."""
+        self._found[index] = found
+        names = self.config.discovery.names()
+        self._pool_of = {eid: names[i] for i in sorted(self._found, reverse=True) for eid in self._found[i]}
         static = {EndpointId(e.address): frozenset(e.models) for e in self.config.endpoints}
-        self.lifecycle.discovered(static, found, self._discovered_events)
+        roles = {eid: Role(dns.role) for eid, dns in self._pool_of.items()}
+        self.lifecycle.discovered(static, frozenset(self._pool_of), self._discovered_events, roles=roles)
 
     def _discovered_events(self, eid: EndpointId) -> EventSource | None:
-        dns = self.config.discovery.dns
+        dns = self._pool_of.get(eid)
         kv = dns.kv_events_for(eid.rpartition(":")[0]) if dns else None
         return None if kv is None else EventSource(eid, kv.endpoint, kv.replay_endpoint, topic=kv.topic)
 
@@ -159,6 +167,7 @@ class App:
             approx=self.approx,
             precise_endpoints=self.feed.precise_endpoints,
             profile=build_profile(self.config.scheduling),
+            pd=build_pd(self.config.scheduling),
             metrics=self.metrics,
             shared_load=self.shared_load,
             has_live_events=self.feed.has_live_events,
@@ -170,8 +179,8 @@ class App:
         With ``workers.fronts`` > 0 the front processes serve gRPC instead, started once the first scrape is in.
         Raises ``RuntimeError`` if a front does not come up."""
         listen = self.config.listen
-        if self.discovery is not None:
-            await self.discovery.start()
+        for discovery in self.discoveries:
+            await discovery.start()
         await self.scraper.start()
         self.feed.start()
         self.status.start()
@@ -234,8 +243,8 @@ class App:
     async def stop(self) -> None:
         """Take the service down in reverse: no new requests or endpoints, then drain the background writes
         (the router's, the lifecycle's cleanups), stop the event feed, close the indexes."""
-        if self.discovery is not None:
-            await self.discovery.stop()
+        for discovery in self.discoveries:
+            await discovery.stop()
         if self._server:
             await self._server.stop(grace_s=1.0)
         if self.workers is not None:

@@ -50,6 +50,18 @@ class KvEventsConfig(_Strict):
     topic: str = Field("", description='ZMQ topic to subscribe to, as vLLM\'s kv_events_config.topic; "" = all')
 
 
+def _role_spelling(value: Any) -> Any:
+    """llm-d's label value ``prefill-decode`` is our ``both``."""
+    return "both" if value == "prefill-decode" else value
+
+
+RoleName = Annotated[Literal["prefill", "decode", "both"], BeforeValidator(_role_spelling)]
+_ROLE_DESCRIPTION = (
+    "P/D role, as llm-d's `llm-d.ai/role` label: prefill (prefill legs only), decode (decode pick, behind "
+    "llm-d's decode sidecar) or both (aggregated; `prefill-decode` is read as both)"
+)
+
+
 class EndpointConfig(_Strict):
     address: str = Field(description="ip:port as Envoy reaches the model server")
     metrics_url: str | None = Field(None, description="default http://<address>/metrics")
@@ -57,6 +69,7 @@ class EndpointConfig(_Strict):
     kv_events: KvEventsConfig | None = Field(
         None, description="the engine's KV-event stream; None = approximate (our own guesses) only"
     )
+    role: RoleName = Field("both", description=_ROLE_DESCRIPTION)
 
     @field_validator("address")
     @classmethod
@@ -72,6 +85,11 @@ class DnsDiscoveryConfig(_Strict):
     nameserver: str | None = Field(None, description="ip:port of the DNS server; None = /etc/resolv.conf's first")
     kv_events: KvEventsConfig | None = Field(
         None, description="each discovered endpoint's KV events; `{ip}` in the endpoints becomes its IP"
+    )
+    role: RoleName = Field(
+        "both",
+        description="the P/D role of every endpoint this name resolves to: one DNS name per pool (`pools`), e.g. a "
+        "headless Service selecting `llm-d.ai/role: decode` (DNS cannot carry the label itself)",
     )
 
     @field_validator("nameserver")
@@ -93,6 +111,15 @@ class DnsDiscoveryConfig(_Strict):
 
 class DiscoveryConfig(_Strict):
     dns: DnsDiscoveryConfig | None = Field(None, description="add the A records of a DNS name as endpoints")
+    pools: tuple[DnsDiscoveryConfig, ...] = Field(
+        (),
+        description="more DNS names, one per pool, each with its own port, role and KV events (e.g. a prefill and "
+        "a decode Service); endpoints found are the union",
+    )
+
+    def names(self) -> tuple[DnsDiscoveryConfig, ...]:
+        """Every DNS name to follow: ``dns``, then ``pools``."""
+        return ((self.dns,) if self.dns else ()) + self.pools
 
 
 class ScrapeConfig(_Strict):
@@ -159,6 +186,32 @@ _PROFILE_KNOBS = {
 }
 
 
+class PdConfig(_Strict):
+    """Prefill/decode disaggregation (llm-d's convention): used only while some eligible endpoint has role prefill."""
+
+    non_cached_tokens: int = Field(
+        256,
+        ge=0,
+        description="disaggregate only when the prompt tokens not cached on the chosen decode endpoint are at "
+        "least this many (llm-d's prefix-based decider `nonCachedTokens`); 0 never disaggregates",
+    )
+    max_extra_ttft_s: float = Field(
+        0.25,
+        ge=0,
+        description="the prefill pool counts as saturated (run locally) when the best prefill endpoint's estimated "
+        "TTFT plus the KV transfer exceeds running it on the decode endpoint by more than this",
+    )
+    kv_transfer_s_per_token: float = Field(
+        5.2e-6,
+        ge=0,
+        description="KV transfer time per prompt token moved from prefill to decode: 128 KiB of K and V per token "
+        "(Llama-3-8B, BF16) at 25 GB/s (one 200 Gb/s RDMA link)",
+    )
+    kv_transfer_setup_s: float = Field(
+        0.002, ge=0, description="fixed cost per disaggregated request: the prefill leg's round trip and handshake"
+    )
+
+
 class SchedulingConfig(_Strict):
     """How the decision is made: one profile (a tagged union on ``profile.type``) plus what every profile shares.
 
@@ -178,6 +231,7 @@ class SchedulingConfig(_Strict):
     )
     fallbacks: int = Field(2, ge=0, description="extra endpoints in the header for Envoy's retries")
     shed_ttft_s: float = Field(30.0, gt=0, description="sheddable (priority<0) requests get 429 beyond this")
+    pd: PdConfig = Field(default_factory=PdConfig, description="prefill/decode disaggregation (needs prefill roles)")
 
     @model_validator(mode="before")
     @classmethod
@@ -449,8 +503,8 @@ class RouterConfig(_Strict):
 
     @model_validator(mode="after")
     def _unique(self) -> RouterConfig:
-        if not self.endpoints and self.discovery.dns is None:
-            raise ValueError("endpoints: at least one is required unless discovery.dns is set")
+        if not self.endpoints and not self.discovery.names():
+            raise ValueError("endpoints: at least one is required unless discovery.dns (or pools) is set")
         addresses = [e.address for e in self.endpoints]
         if len(set(addresses)) != len(addresses):
             raise ValueError("endpoint addresses must be unique")

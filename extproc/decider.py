@@ -16,9 +16,9 @@ import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from extproc import wire
 from extproc.backends.inflight import InflightLoad
@@ -28,6 +28,7 @@ from extproc.errors import NoEndpoint, RouterError
 from extproc.kvcache.index import Chain, IndexUnavailable, PrefixIndex
 from extproc.observability import PhaseTimer, RouterMetrics
 from extproc.redis.shared_load import SharedLoad, SharedLoadUnavailable
+from extproc.scheduling import pd
 from extproc.scheduling.filters import eligible
 from extproc.scheduling.profiles import Profile
 from extproc.types import (
@@ -127,6 +128,7 @@ class DeciderDeps:
     # endpoint's events will report what it stores (even while cold after a purge); None: precise ones
     has_live_events: Callable[[EndpointId], bool] | None = None
     lookups_wait_on_io: bool = False  # True (Redis): the lookups run concurrently; False (memory): in turn
+    pd: pd.PdPolicy | None = None  # prefill/decode disaggregation (engages only with prefill-role endpoints)
 
 
 class LocalDecider:
@@ -166,26 +168,31 @@ class LocalDecider:
             subset=ask.subset,
         )
         try:
-            decision, precise = await self._decide(routing, timer)
+            decision, precise, split = await self._decide(routing, timer)
         except RouterError as exc:
             self._deps.metrics.rejections.labels(str(exc.status)).inc()
             log.info(json.dumps({"request_id": ask.request_id, "rejected": exc.status, "error": exc.message}))
             raise
-        await self._record(routing, decision, precise)
+        disagg = split is not None and split.prefill is not None
+        await self._record(routing, decision, precise, prefilled_elsewhere=disagg)
+        if split is not None and split.prefill is not None:
+            await self._record_prefill(routing, split.prefill)
         if self._settings.track_served:
             self._remember(ask.request_id, decision.endpoints[0], routing.block_hashes)
         timer.mark("total_end")
-        self._observe(ask, routing, decision, timer)
-        return Route(
-            decision.endpoints,
-            {
-                wire.REASON_HEADER: decision.reason.value,
-                wire.CACHED_TOKENS_HEADER: str(decision.cached_tokens),
-                wire.PROMPT_TOKENS_HEADER: str(routing.prompt_tokens),
-            },
-        )
+        self._observe(ask, routing, decision, timer, split)
+        headers = {
+            wire.REASON_HEADER: decision.reason.value,
+            wire.CACHED_TOKENS_HEADER: str(decision.cached_tokens),
+            wire.PROMPT_TOKENS_HEADER: str(routing.prompt_tokens),
+        }
+        if split is not None and split.prefill is not None:
+            headers[wire.PREFILLER_HEADER] = split.prefill
+        return Route(decision.endpoints, headers)
 
-    async def _decide(self, routing: RoutingRequest, timer: PhaseTimer) -> tuple[Decision, frozenset[EndpointId]]:
+    async def _decide(
+        self, routing: RoutingRequest, timer: PhaseTimer
+    ) -> tuple[Decision, frozenset[EndpointId], pd.PdChoice | None]:
         states = self._deps.registry.snapshot()
         endpoints = eligible((s.endpoint for s in states.values()), routing.base_model, routing.lora, routing.subset)
         if not endpoints:
@@ -202,9 +209,9 @@ class LocalDecider:
             self._candidate(states[e.id], matches.get(e.id, 0), shared.get(e.id, 0.0), e.id in precise)
             for e in endpoints
         ]
-        decision = self._deps.profile.decide(routing, candidates, self._rng)
+        decision, split = pd.decide(self._deps.profile, self._deps.pd, routing, candidates, self._rng)
         timer.mark("score")
-        return decision, precise
+        return decision, precise, split
 
     async def _lookup(
         self, hashes: Sequence[BlockHash], endpoints: Sequence[EndpointId], precise: frozenset[EndpointId]
@@ -276,14 +283,22 @@ class LocalDecider:
         load = snapshot(record, self._deps.inflight, shared_queued, self._clock(), self._settings.stale_after_s)
         return Candidate(record.endpoint, load, cached_blocks, precise=precise)
 
-    async def _record(self, routing: RoutingRequest, decision: Decision, precise: frozenset[EndpointId]) -> None:
+    async def _record(
+        self,
+        routing: RoutingRequest,
+        decision: Decision,
+        precise: frozenset[EndpointId],
+        *,
+        prefilled_elsewhere: bool = False,
+    ) -> None:
         """What we just routed becomes load and (approximate) cache state on the pick, before the next request.
+        ``prefilled_elsewhere``: disaggregated, so the pick receives the KV instead of prefilling it.
 
         In memory the approximate record is written inline: the lookups no longer yield to the event loop, so a
         write left to a background task could miss the very next decision (a burst of one document would not
         see its own first pick). With Redis the write waits on I/O and stays in the background."""
         pick = decision.endpoints[0]
-        uncached = max(routing.prompt_tokens - decision.cached_tokens, 0)
+        uncached = 0 if prefilled_elsewhere else max(routing.prompt_tokens - decision.cached_tokens, 0)
         self._deps.inflight.add(pick, uncached)
         if self._deps.shared_load is not None:
             self._spawn(self._deps.shared_load.add(pick, uncached))
@@ -292,11 +307,23 @@ class LocalDecider:
             # the moment until they do: a short burst mark, never a 600 s guess that its BlockRemoved cannot undo.
             live = self._deps.has_live_events(pick) if self._deps.has_live_events else pick in precise
             ttl = self._settings.burst_mark_ttl_s if live else self._settings.approx_ttl_s
-            write = self._deps.approx.store(pick, routing.block_hashes, ttl_s=ttl, chain=_FROM_ROOT)
-            if self._deps.lookups_wait_on_io:
-                self._spawn(write)
-            else:
-                await write
+            await self._write(self._deps.approx.store(pick, routing.block_hashes, ttl_s=ttl, chain=_FROM_ROOT))
+
+    async def _record_prefill(self, routing: RoutingRequest, prefill: EndpointId) -> None:
+        """A disaggregated request's prefill leg is load on the prefill endpoint, which keeps its blocks (the
+        decode endpoint's share is recorded by ``_record``: it stores the transferred blocks)."""
+        self._deps.inflight.add(prefill, routing.prompt_tokens)
+        if routing.block_hashes:
+            ttl = self._settings.burst_mark_ttl_s
+            await self._write(self._deps.approx.store(prefill, routing.block_hashes, ttl_s=ttl, chain=_FROM_ROOT))
+
+    async def _write(self, write: Coroutine[Any, Any, None]) -> None:
+        """An approximate-index write: inline in memory (the next decision must see it), in the background
+        with Redis (it waits on I/O)."""
+        if self._deps.lookups_wait_on_io:
+            self._spawn(write)
+        else:
+            await write
 
     def _remember(self, request_id: str, pick: EndpointId, hashes: Sequence[BlockHash]) -> None:
         self._picked[request_id] = (pick, hashes)
@@ -344,9 +371,13 @@ class LocalDecider:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _observe(self, ask: Ask, routing: RoutingRequest, decision: Decision, timer: PhaseTimer) -> None:
+    def _observe(
+        self, ask: Ask, routing: RoutingRequest, decision: Decision, timer: PhaseTimer, split: pd.PdChoice | None
+    ) -> None:
         m = self._deps.metrics
         m.decisions.labels(decision.reason.value).inc()
+        if split is not None:
+            m.pd_decisions.labels(split.reason.value).inc()
         m.cached_tokens.inc(decision.cached_tokens)
         m.prompt_tokens.inc(routing.prompt_tokens)
         m.tap.decided(routing, decision)
@@ -354,7 +385,15 @@ class LocalDecider:
         for phase, seconds in phases.items():
             m.phase_seconds.labels(phase).observe(seconds)
         if log.isEnabledFor(logging.INFO):
-            extra = {"body_head": ask.body_head.decode(errors="replace")} if self._settings.log_prompts else {}
+            extra: dict[str, object] = {}
+            if self._settings.log_prompts:
+                extra["body_head"] = ask.body_head.decode(errors="replace")
+            if split is not None:
+                extra["pd"] = {
+                    "prefill": split.prefill,
+                    "reason": split.reason.value,
+                    "uncached": split.uncached_tokens,
+                }
             log.info(
                 json.dumps(
                     {

@@ -18,7 +18,7 @@ from extproc.indexes import Indexes
 from extproc.kvcache.feed import EventFeed
 from extproc.kvcache.subscriber import EventSource
 from extproc.tasks import stop_task
-from extproc.types import Endpoint, EndpointId
+from extproc.types import Endpoint, EndpointId, Role
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +49,18 @@ class EndpointLifecycle:
         static: Mapping[EndpointId, frozenset[str]],
         found: frozenset[EndpointId],
         events_for: Callable[[EndpointId], EventSource | None],
+        *,
+        roles: Mapping[EndpointId, Role] | None = None,
     ) -> None:
         """The set is now ``static`` plus ``found``: new ones are scraped and their events followed; gone ones
-        are forgotten everywhere (``gone``)."""
+        are forgotten everywhere (``gone``). ``roles``: the P/D role of discovered ones (default both; static
+        endpoints keep the one they were registered with)."""
+        roles = roles or {}
         ids = [*static, *sorted(found - static.keys())]
         gone = set(self._registry.snapshot()) - set(ids)
-        self._registry.sync(Endpoint(eid, models=static.get(eid, frozenset())) for eid in ids)
+        self._registry.sync(
+            Endpoint(eid, models=static.get(eid, frozenset()), role=roles.get(eid, Role.BOTH)) for eid in ids
+        )
         self._set_targets({eid: f"http://{eid}" for eid in ids})
         for eid in ids:
             source = None if eid in static else events_for(eid)

@@ -36,6 +36,13 @@ class RouterMetrics:
         self.registry = registry
         self.tap: DecisionSink = tap or _NoSink()
         self.decisions = Counter("router_decisions", "Routing decisions by reason", ["reason"], registry=registry)
+        self.pd_decisions = Counter(
+            "router_pd_decisions",
+            "P/D: disaggregated or run locally, by reason (disagg, short, saturated, "
+            "no_prefill); only while prefill-role endpoints exist",
+            ["reason"],
+            registry=registry,
+        )
         self.rejections = Counter(
             "router_rejections", "Requests refused, by HTTP status", ["status"], registry=registry
         )

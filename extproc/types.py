@@ -61,6 +61,14 @@ class LoadSnapshot:
     queued_prefill_tokens: float = 0.0  # uncached prompt tokens we estimate are still ahead in its queue
 
 
+class Role(enum.StrEnum):
+    """What an endpoint does in prefill/decode disaggregation (llm-d's ``llm-d.ai/role`` label values)."""
+
+    PREFILL = "prefill"  # prefill legs only: never the decode pick
+    DECODE = "decode"  # decode pick (behind llm-d's decode sidecar); runs short prompts locally
+    BOTH = "both"  # aggregated: either pick (llm-d spells it ``prefill-decode``)
+
+
 @dataclass(frozen=True, slots=True)
 class Endpoint:
     """A model server: where it is, what it serves, and whether it is eligible at all."""
@@ -70,6 +78,7 @@ class Endpoint:
     adapters: frozenset[str] = frozenset()  # LoRA adapter names it serves
     healthy: bool = True
     num_gpu_blocks: int | None = None  # KV capacity in blocks, when discovered
+    role: Role = Role.BOTH
 
 
 @dataclass(frozen=True, slots=True)

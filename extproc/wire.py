@@ -28,6 +28,13 @@ SUBSET_HINT_NAMESPACE: Final = "envoy.lb.subset_hint"
 SUBSET_HINT_KEY: Final = "x-gateway-destination-endpoint-subset"
 """Key in ``SUBSET_HINT_NAMESPACE``: a list of ``ip:port`` strings, or one comma-separated string."""
 
+PREFILLER_HEADER: Final = "x-prefiller-host-port"
+"""Request header (llm-d's P/D convention): ``ip:port`` of the prefill pod; the decode pod's sidecar runs the
+prefill leg there first. Absent: the decode pod runs the request locally."""
+
+ROLE_LABEL: Final = "llm-d.ai/role"
+"""Kubernetes pod label llm-d uses for an endpoint's P/D role (``prefill``, ``decode``, ``prefill-decode``)."""
+
 REQUEST_ID_HEADER: Final = "x-request-id"
 """The request id Envoy sets; the picker's decision log line carries it."""
 

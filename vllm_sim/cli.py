@@ -23,6 +23,7 @@ from vllm_sim.cluster import SimCluster
 from vllm_sim.config import KVEventsConfig, ServerConfig, SimOptions
 from vllm_sim.engine import EngineConfig
 from vllm_sim.hashing import HASH_ALGOS, LoraKey, none_hash_seed
+from vllm_sim.pd import KvTransferConfig, TransferModel
 from vllm_sim.scheduler import SchedulerConfig
 from vllm_sim.timing import DEFAULT_PROFILE, PROFILES, get_profile
 
@@ -43,6 +44,8 @@ def _vllm_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--prefix-caching-hash-algo", choices=HASH_ALGOS, default="sha256")
     p.add_argument("--kv-events-config", default=None, help="JSON with vLLM's KVEventsConfig keys")
+    p.add_argument("--kv-transfer-config", default=None,
+                   help='vLLM\'s JSON, e.g. {"kv_connector": "NixlConnector"}: serve P/D legs')  # fmt: skip
     p.add_argument("--lora-modules", nargs="+", default=[], help="name=path or JSON {name, path}")
     p.add_argument("--enable-lora", action="store_true", help="accepted for compatibility")
     p.add_argument("--max-loras", type=int, default=1, help="distinct adapters per batch")
@@ -87,6 +90,10 @@ def _sim_flags(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="bind the KV-event PUB socket even for host endpoints (vLLM would connect to tcp://host:port)",
     )
+    g.add_argument("--sim-pd-sidecar", action="store_true",
+                   help="llm-d's decode sidecar: x-prefiller-host-port runs the prefill leg there first")  # fmt: skip
+    g.add_argument("--sim-kv-transfer-gbps", type=float, default=25.0, help="P/D KV transfer bandwidth, GB/s")
+    g.add_argument("--sim-kv-bytes-per-token", type=int, default=131_072, help="K+V bytes per token (transfer)")
     g.add_argument("--sim-log-level", default="WARNING", help="Python logging level")
 
 
@@ -176,6 +183,7 @@ def build_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Server
         engine=_engine_config(args, environ, kv_events.active),
         timing=timing,
         kv_events=kv_events,
+        kv_transfer=KvTransferConfig.from_json(args.kv_transfer_config),
         lora_modules=parse_lora(args.lora_modules),
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         stream_interval=max(args.stream_interval, 1),
@@ -185,6 +193,8 @@ def build_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Server
             legacy_events=args.sim_legacy_kv_events,
             use_int_block_hashes=environ.get("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1") != "0",
             kv_events_bind=args.sim_kv_events_bind,
+            pd_sidecar=args.sim_pd_sidecar,
+            transfer=TransferModel(gbps=args.sim_kv_transfer_gbps, bytes_per_token=args.sim_kv_bytes_per_token),
         ),
     )
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from vllm_sim.engine import EngineConfig
 from vllm_sim.hashing import LoraKey
+from vllm_sim.pd import KvTransferConfig, TransferModel
 from vllm_sim.timing import TimingProfile
 
 
@@ -89,6 +90,8 @@ class SimOptions:
     legacy_events: bool = False
     use_int_block_hashes: bool = True
     kv_events_bind: bool = False  # bind the PUB even where vLLM would connect (tcp://127.0.0.1:port)
+    pd_sidecar: bool = False  # act as llm-d's decode sidecar: x-prefiller-host-port runs a prefill leg there
+    transfer: TransferModel = field(default_factory=TransferModel)  # a decode leg's KV pull
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +106,7 @@ class ServerConfig:
     engine: EngineConfig
     timing: TimingProfile
     kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
+    kv_transfer: KvTransferConfig = field(default_factory=KvTransferConfig)
     lora_modules: tuple[LoraKey, ...] = ()
     enable_prompt_tokens_details: bool = False
     stream_interval: int = 1

@@ -155,6 +155,33 @@ class Engine:
             log.warning("prefix cache not reset: blocks are still in use")
         return ok
 
+    def missing_prefix_blocks(self, req: SimRequest) -> int:
+        """P/D decode leg, before the pull: the prompt's usable full blocks this engine does not hold."""
+        self.scheduler.hash_prompt(req)
+        usable = (req.num_tokens - 1) // self.cfg.block_size
+        return max(usable - len(self.scheduler.kv.computed_blocks(req)), 0)
+
+    def receive_prefix_blocks(self, req: SimRequest) -> int:
+        """P/D decode leg, after the pull: store the prompt's missing full blocks as cached (``BlockStored``
+        goes out now), so that the request, submitted next, prefills only its tail. Returns the blocks stored
+        (0 when KV is short: the request then computes them)."""
+        kv, pool = self.scheduler.kv, self.pool
+        if not pool.enable_caching:
+            return 0
+        self.scheduler.hash_prompt(req)
+        hits = kv.computed_blocks(req)
+        missing = (req.num_tokens - 1) // self.cfg.block_size - len(hits)
+        evictable_hits = sum(1 for b in hits if pool.ref_count(b) == 0)
+        if missing <= 0 or missing > pool.num_free - evictable_hits:
+            return 0
+        pool.touch(hits)
+        req.block_ids = [*hits, *pool.allocate(missing)]
+        req.num_cached_blocks = len(hits)
+        pool.cache_full_blocks(req, len(req.block_ids))
+        kv.free(req)  # cached and free (evictable) until the request takes them again at admission
+        self._flush_events()
+        return missing
+
     def records(self, ids: list[str]) -> dict[str, dict[str, Any]]:
         """Model-side timings of recent requests by id (unknown ids are left out)."""
         out: dict[str, dict[str, Any]] = {}

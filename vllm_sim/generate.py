@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from vllm_sim import pd
 from vllm_sim.engine import Engine
 from vllm_sim.frontend import Frontend, error_response, json_response, read_json
 from vllm_sim.openai_api import (
@@ -34,7 +35,7 @@ from vllm_sim.openai_api import (
     usage,
     usage_chunk,
 )
-from vllm_sim.request import FINISH_ABORT, OutputStream, SimRequest
+from vllm_sim.request import FINISH_ABORT, FINISH_LENGTH, OutputStream, SimRequest
 from vllm_sim.validate import check_sampling, check_tool_choice, check_tool_parsing, coerce_fields
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -48,6 +49,8 @@ class GenerateHandlers:
         self._fe = frontend
         self._engine = engine
         self._cfg = frontend.cfg
+        self._engine_id = str(uuid.uuid4())  # NixlConnector's engine id, reported by prefill legs
+        self.sidecar = pd.Sidecar() if self._cfg.sim.pd_sidecar else None
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, chat=False)
@@ -55,12 +58,12 @@ class GenerateHandlers:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, chat=True)
 
-    async def _prepare(self, request: web.Request, chat: bool) -> tuple[GenParams, str, list[SimRequest]]:
+    async def _prepare(self, raw: dict[str, Any], chat: bool) -> tuple[GenParams, str, list[SimRequest]]:
         """Validate and tokenize; returns the params, the response id and one engine request per prompt."""
         # Arrival is when the request reached us: tokenizing it overlaps the modelled GPU time (as vLLM's
         # frontend overlaps the engine), so the simulator's own CPU work does not add to the model's TTFT.
         arrival_s = asyncio.get_running_loop().time()
-        body = coerce_fields(await read_json(request), chat)
+        body = coerce_fields(raw, chat)
         if chat:
             check_tool_choice(body)
         params = parse_gen_params(body, self._cfg.model_name, chat)
@@ -92,22 +95,48 @@ class GenerateHandlers:
 
     async def _handle(self, request: web.Request, chat: bool) -> web.StreamResponse:
         try:
-            params, rid, reqs = await self._prepare(request, chat)
+            body = await read_json(request)
+            prefiller = request.headers.get(pd.PREFILLER_HEADER) if self.sidecar else None
+            prefill_cached = None
+            if self.sidecar is not None and prefiller:  # llm-d's decode sidecar: the prefill leg first
+                kv_params, prefill_cached = await self.sidecar.prefill(prefiller, request.path, body)
+                body = pd.decode_leg_body(body, kv_params)
+            params, rid, reqs = await self._prepare(body, chat)
+            if self._cfg.kv_transfer.active and len(reqs) == 1 and pd.remote_prefill(body) is not None:
+                await self._pull_kv(reqs[0])
         except ApiError as err:
             return error_response(err)
         for req in reqs:
             self._engine.submit(req)
+        remote_decode = self._cfg.kv_transfer.active and pd.wants_remote_decode(body)
         try:
             if params.stream:
-                return await self._stream(request, StreamHead(rid, params.model, int(time.time()), chat), reqs, params)
-            return await self._collect(rid, reqs, params, chat)
+                head = StreamHead(rid, params.model, int(time.time()), chat)
+                return await self._stream(request, head, reqs, params, prefill_cached)
+            return await self._collect(rid, reqs, params, chat, prefill_cached, remote_decode)
         finally:
             for req in reqs:
                 if req.finish_reason is None:
                     self._engine.abort(req)
 
-    async def _collect(self, rid: str, reqs: list[SimRequest], params: GenParams, chat: bool) -> web.Response:
-        """Wait for every request, then answer once (non-streaming)."""
+    async def _pull_kv(self, req: SimRequest) -> None:
+        """A decode leg: wait out the KV transfer of the blocks this engine lacks, then hold them as cached."""
+        blocks = self._engine.missing_prefix_blocks(req)
+        seconds = self._cfg.sim.transfer.seconds(blocks, self._cfg.engine.block_size)
+        await asyncio.sleep(seconds * self._cfg.engine.time_scale)
+        self._engine.receive_prefix_blocks(req)
+
+    async def _collect(
+        self,
+        rid: str,
+        reqs: list[SimRequest],
+        params: GenParams,
+        chat: bool,
+        prefill_cached: int | None = None,
+        remote_decode: bool = False,
+    ) -> web.Response:
+        """Wait for every request, then answer once (non-streaming). ``prefill_cached``: the sidecar reports the
+        prefiller's cached tokens; ``remote_decode``: a prefill leg, whose answer carries the producer params."""
         texts: list[str] = []
         for req in reqs:
             tokens: list[int] = []
@@ -118,14 +147,21 @@ class GenerateHandlers:
             if finish == FINISH_ABORT:
                 return error_response(_ENGINE_FAILED)
             texts.append(self._fe.text_of(tokens))
+        use = self._usage(reqs, chat, prefill_cached)
         if chat:
-            use = self._usage(reqs, chat=True)
-            return json_response(chat_body(rid, params.model, texts[0], reqs[0].finish_reason, use))
-        choices = [completion_choice(i, t, r.finish_reason) for i, (t, r) in enumerate(zip(texts, reqs, strict=True))]
-        return json_response(completion_body(rid, params.model, choices, self._usage(reqs, chat=False)))
+            out = chat_body(rid, params.model, texts[0], reqs[0].finish_reason, use)
+        else:
+            choices = [
+                completion_choice(i, t, r.finish_reason) for i, (t, r) in enumerate(zip(texts, reqs, strict=True))
+            ]
+            out = completion_body(rid, params.model, choices, use)
+        if remote_decode and len(reqs) == 1 and reqs[0].finish_reason == FINISH_LENGTH:
+            blocks = len(reqs[0].prompt_token_ids) // self._cfg.engine.block_size
+            out["kv_transfer_params"] = pd.producer_params(rid, self._engine_id, self._cfg.host, blocks)
+        return json_response(out)
 
-    def _usage(self, reqs: list[SimRequest], chat: bool) -> dict[str, Any]:
-        cached = sum(max(r.num_cached_tokens, 0) for r in reqs)
+    def _usage(self, reqs: list[SimRequest], chat: bool, prefill_cached: int | None = None) -> dict[str, Any]:
+        cached = sum(max(r.num_cached_tokens, 0) for r in reqs) if prefill_cached is None else prefill_cached
         block = self._cfg.engine.block_size
         # vLLM 0.32 fills created_cache_tokens on chat only: the prompt's full blocks it wrote to the cache.
         created = sum(max(len(r.prompt_token_ids) // block * block - max(r.num_cached_tokens, 0), 0) for r in reqs)
@@ -138,7 +174,12 @@ class GenerateHandlers:
         )
 
     async def _stream(
-        self, request: web.Request, head: StreamHead, reqs: list[SimRequest], params: GenParams
+        self,
+        request: web.Request,
+        head: StreamHead,
+        reqs: list[SimRequest],
+        params: GenParams,
+        prefill_cached: int | None = None,
     ) -> web.StreamResponse:
         resp = web.StreamResponse(headers=_SSE_HEADERS)
         await resp.prepare(request)
@@ -149,7 +190,7 @@ class GenerateHandlers:
                 role_pending = False
             await _sse(resp, stream_chunk(head, index, self._fe.text_of(delta), finish))
         if params.include_usage:
-            await _sse(resp, usage_chunk(head, self._usage(reqs, chat=head.chat)))
+            await _sse(resp, usage_chunk(head, self._usage(reqs, head.chat, prefill_cached)))
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp

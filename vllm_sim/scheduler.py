@@ -80,9 +80,13 @@ class Scheduler:
 
     def add(self, req: SimRequest) -> None:
         """Queue a new request (hashing its prompt's full blocks when prefix caching is on)."""
+        self.hash_prompt(req)
+        self.waiting.append(req)
+
+    def hash_prompt(self, req: SimRequest) -> None:
+        """Hash the full blocks of ``req`` not hashed yet (idempotent); nothing without prefix caching."""
         if self._hasher is not None:
             self._hasher.extend(req.block_hashes, req.all_token_ids, req.lora, req.cache_salt)
-        self.waiting.append(req)
 
     def abort(self, req: SimRequest) -> None:
         """Drop a request wherever it is (client went away); frees its blocks. Idempotent."""

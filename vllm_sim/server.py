@@ -94,6 +94,8 @@ class SimServer:
             await self._runner.cleanup()
             self._runner = None
         await self.engine.stop()
+        if self._gen.sidecar is not None:
+            await self._gen.sidecar.close()
         if self.publisher is not None:
             await self.publisher.close()
 

@@ -38,7 +38,11 @@ def route_mutation(route: Route) -> tuple[pb.CommonResponse, struct_pb2.Struct]:
     value = ",".join(route.endpoints)
     headers = [set_header(wire.DESTINATION_HEADER, value)]
     headers += [set_header(k.lower(), v) for k, v in route.headers.items()]
-    common = pb.CommonResponse(header_mutation=pb.HeaderMutation(set_headers=headers))
+    # A client's own x-prefiller-host-port would send the decode sidecar's prefill leg wherever it says: only the
+    # picker names a prefill pod, so one we did not set is removed.
+    ours = {k.lower() for k in route.headers}
+    remove = [] if wire.PREFILLER_HEADER in ours else [wire.PREFILLER_HEADER]
+    common = pb.CommonResponse(header_mutation=pb.HeaderMutation(set_headers=headers, remove_headers=remove))
     metadata = struct_pb2.Struct()
     metadata.update({wire.LB_NAMESPACE: {wire.DESTINATION_METADATA_KEY: value}})
     return common, metadata

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from extproc.config import SchedulingConfig, TtftProfileConfig
 from extproc.scheduling.estimate import EstimatorParams
+from extproc.scheduling.pd import PdPolicy
 from extproc.scheduling.profiles import Profile, TtftProfile, WeightedProfile
 
 
@@ -16,19 +17,36 @@ def build_profile(scheduling: SchedulingConfig) -> Profile:
     p = scheduling.profile
     if not isinstance(p, TtftProfileConfig):
         return WeightedProfile(weights=dict(p.weights), fallbacks=scheduling.fallbacks)
-    params = EstimatorParams(
+    return TtftProfile(
+        params=_estimator_params(scheduling),
+        stickiness_s=p.stickiness_s,
+        min_prefix_share=p.min_prefix_share,
+        tie_epsilon_s=p.tie_epsilon_s,
+        fallbacks=scheduling.fallbacks,
+        shed_ttft_s=scheduling.shed_ttft_s,
+    )
+
+
+def build_pd(scheduling: SchedulingConfig) -> PdPolicy:
+    """``scheduling.pd`` as the P/D policy; its estimates use the TTFT profile's constants (the defaults' when the
+    profile is weighted)."""
+    pd = scheduling.pd
+    return PdPolicy(
+        params=_estimator_params(scheduling),
+        non_cached_tokens=pd.non_cached_tokens,
+        max_extra_ttft_s=pd.max_extra_ttft_s,
+        kv_transfer_s_per_token=pd.kv_transfer_s_per_token,
+        kv_transfer_setup_s=pd.kv_transfer_setup_s,
+    )
+
+
+def _estimator_params(scheduling: SchedulingConfig) -> EstimatorParams:
+    p = scheduling.profile if isinstance(scheduling.profile, TtftProfileConfig) else TtftProfileConfig()
+    return EstimatorParams(
         prefill_tokens_per_s=scheduling.prefill_tokens_per_s,
         decode_slowdown_per_running=p.decode_slowdown_per_running,
         request_overhead_s=p.request_overhead_s,
         kv_pressure_threshold=p.kv_pressure_threshold,
         kv_penalty_s=p.kv_penalty_s,
         unknown_load_penalty_s=p.unknown_load_penalty_s,
-    )
-    return TtftProfile(
-        params=params,
-        stickiness_s=p.stickiness_s,
-        min_prefix_share=p.min_prefix_share,
-        tie_epsilon_s=p.tie_epsilon_s,
-        fallbacks=scheduling.fallbacks,
-        shed_ttft_s=scheduling.shed_ttft_s,
     )

@@ -38,6 +38,15 @@ def test_route_mutation_sets_header_metadata_and_summary() -> None:
     assert json.loads(json.dumps(dict(md.fields["envoy.lb"].struct_value))) == {
         "x-gateway-destination-endpoint": "1.1.1.1:80,2.2.2.2:80"
     }
+    assert list(common.header_mutation.remove_headers) == ["x-prefiller-host-port"]  # a client's, never passed on
+
+
+def test_the_prefill_pod_the_picker_names_is_set_not_removed() -> None:
+    route = Route((EndpointId("1.1.1.1:80"),), {"x-prefiller-host-port": "3.3.3.3:80"})
+    common, _ = outbound.route_mutation(route)
+    assert ("x-prefiller-host-port", b"3.3.3.3:80") in [(h.header.key, h.header.raw_value)
+                                                       for h in common.header_mutation.set_headers]  # fmt: skip
+    assert list(common.header_mutation.remove_headers) == []
 
 
 @pytest.mark.parametrize(

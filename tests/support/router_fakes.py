@@ -23,6 +23,7 @@ from extproc.observability import RouterMetrics
 from extproc.prompt.openai import kind_for_path
 from extproc.router import FrontDeps, Router, RouterSettings
 from extproc.scheduling.build import build_profile
+from extproc.scheduling.pd import PdPolicy
 from extproc.types import (
     BlockHash,
     Endpoint,
@@ -109,6 +110,7 @@ def make_router(
     registry: EndpointRegistry | None = None,
     precise_endpoints: Callable[[], frozenset[EndpointId]] = frozenset,
     settings: RouterSettings | None = None,
+    pd: PdPolicy | None = None,
 ) -> tuple[Router, DictIndex, InflightLoad]:
     registry = registry or EndpointRegistry([Endpoint(A), Endpoint(B)])
     for eid in registry.snapshot():
@@ -133,6 +135,7 @@ def make_router(
         precise_endpoints=precise_endpoints,
         profile=build_profile(SchedulingConfig(prefill_tokens_per_s=10000.0)),
         metrics=metrics,
+        pd=pd,
     )
     settings = settings or RouterSettings()
     local = LocalDecider(decider, settings.decider, rng=random.Random(0))
