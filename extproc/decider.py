@@ -26,6 +26,7 @@ from extproc.backends.load import snapshot
 from extproc.backends.registry import EndpointRecord, EndpointRegistry
 from extproc.errors import NoEndpoint, RouterError
 from extproc.kvcache.index import Chain, IndexUnavailable, PrefixIndex
+from extproc.kvcache.occupancy import Occupancy
 from extproc.observability import PhaseTimer, RouterMetrics
 from extproc.redis.shared_load import SharedLoad, SharedLoadUnavailable
 from extproc.scheduling.filters import eligible
@@ -127,6 +128,7 @@ class DeciderDeps:
     # endpoint's events will report what it stores (even while cold after a purge); None: precise ones
     has_live_events: Callable[[EndpointId], bool] | None = None
     lookups_wait_on_io: bool = False  # True (Redis): the lookups run concurrently; False (memory): in turn
+    occupancy: Occupancy | None = None  # the cache by tenant class (kvcache/occupancy.py); None: not kept
 
 
 class LocalDecider:
@@ -274,7 +276,9 @@ class LocalDecider:
         self, record: EndpointRecord, cached_blocks: int, shared_queued: float = 0.0, precise: bool = False
     ) -> Candidate:
         load = snapshot(record, self._deps.inflight, shared_queued, self._clock(), self._settings.stale_after_s)
-        return Candidate(record.endpoint, load, cached_blocks, precise=precise)
+        occupancy = self._deps.occupancy
+        shares = occupancy.view(record.endpoint.id) if occupancy is not None else None
+        return Candidate(record.endpoint, load, cached_blocks, precise=precise, shares=shares)
 
     def _record(self, routing: RoutingRequest, decision: Decision, precise: frozenset[EndpointId]) -> None:
         """What we just routed becomes load and (approximate) cache state on the pick, before the next request."""
@@ -283,6 +287,9 @@ class LocalDecider:
         self._deps.inflight.add(pick, uncached)
         if self._deps.shared_load is not None:
             self._spawn(self._deps.shared_load.add(pick, uncached))
+        if self._deps.occupancy is not None:
+            cached_blocks = decision.cached_tokens // routing.block_size
+            self._deps.occupancy.routed(pick, routing.tenant.cls, routing.block_hashes, cached_blocks, uncached)
         if routing.block_hashes:
             # Where events will report the blocks (a cold event-fed endpoint included), our record only bridges
             # the moment until they do: a short burst mark, never a 600 s guess that its BlockRemoved cannot undo.

@@ -19,6 +19,7 @@ from extproc.config import SchedulingConfig
 from extproc.decider import DeciderDeps, LocalDecider
 from extproc.errors import BadRequest
 from extproc.kvcache.index import IndexUnavailable
+from extproc.kvcache.occupancy import Occupancy
 from extproc.observability import RouterMetrics
 from extproc.prompt.openai import kind_for_path
 from extproc.router import FrontDeps, Router, RouterSettings
@@ -109,6 +110,8 @@ def make_router(
     registry: EndpointRegistry | None = None,
     precise_endpoints: Callable[[], frozenset[EndpointId]] = frozenset,
     settings: RouterSettings | None = None,
+    occupancy: Occupancy | None = None,
+    tenant_for: Callable[[str], Tenant] = Tenant,
 ) -> tuple[Router, DictIndex, InflightLoad]:
     registry = registry or EndpointRegistry([Endpoint(A), Endpoint(B)])
     for eid in registry.snapshot():
@@ -125,7 +128,7 @@ def make_router(
     )
     decider = DeciderDeps(
         scheme_for=lambda m: HashScheme(),
-        tenant_for=lambda t: Tenant(t),
+        tenant_for=tenant_for,
         registry=registry,
         inflight=inflight,
         precise=precise or DictIndex(),
@@ -133,6 +136,7 @@ def make_router(
         precise_endpoints=precise_endpoints,
         profile=build_profile(SchedulingConfig(prefill_tokens_per_s=10000.0)),
         metrics=metrics,
+        occupancy=occupancy,
     )
     settings = settings or RouterSettings()
     local = LocalDecider(decider, settings.decider, rng=random.Random(0))
