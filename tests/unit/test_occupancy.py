@@ -2,11 +2,14 @@
 
 import asyncio
 
+from prometheus_client import CollectorRegistry, generate_latest
+
 from extproc import wire
 from extproc.config import TenantClass, TenantsConfig
 from extproc.kvcache.memory_index import MemoryPrefixIndex
 from extproc.kvcache.occupancy import UNATTRIBUTED, AttributedWrites, Occupancy
 from extproc.resolvers import TenantResolver
+from extproc.status.tenant_cache import TenantCacheCollector
 from extproc.types import BlockHash, EndpointId, HttpRequest, Route
 from tests.support.router_fakes import make_router
 
@@ -100,3 +103,17 @@ async def test_the_decider_attributes_what_it_routes_to_the_tenants_class() -> N
     tokens = list(range(1000))  # the fake preparer's prompt; the fake hasher hashes each block's whole prefix
     occ.stored(pick, [BlockHash(hash(tuple(tokens[: (i + 1) * 16]))) for i in range(3)])  # the engine's events
     assert occ.view(pick).by_class == {"premium": 3}
+
+
+def test_the_collector_exports_occupancy_and_counters_per_class_and_endpoint() -> None:
+    occ = occupancy()
+    occ.routed(A, "premium", H[:4], 0, 64)
+    occ.stored(A, H[:4])
+    occ.routed(A, "batch", H[4:6], 0, 32)
+    occ.removed(A, H[:1])
+    registry = CollectorRegistry()
+    registry.register(TenantCacheCollector(occ))
+    text = generate_latest(registry).decode()
+    assert 'router_tenant_cache_blocks{endpoint="a:1",tenant_class="premium"} 3.0' in text
+    assert 'router_tenant_evictions_caused_total{endpoint="a:1",tenant_class="batch"} 1.0' in text
+    assert 'router_tenant_blocks_evicted_total{endpoint="a:1",tenant_class="premium"} 1.0' in text
