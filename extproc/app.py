@@ -37,6 +37,7 @@ from extproc.status.ceiling import CeilingEstimator
 from extproc.status.service import FleetStatus
 from extproc.status.tap import DecisionTap, tenant_classes
 from extproc.status.tenant_cache import TenantCacheCollector
+from extproc.status.tenant_cache import render_section as render_tenant_cache
 from extproc.status.view import Sources
 from extproc.types import Endpoint, EndpointId, HashScheme
 from extproc.workers import FrontWorkers
@@ -112,7 +113,9 @@ class App:
                                           stale_after_s=config.scrape.stale_after_s))  # fmt: skip
         self.metrics.registry.register(self.status.collector())
         if self.occupancy is not None:
-            self.metrics.registry.register(TenantCacheCollector(self.occupancy))
+            occupancy = self.occupancy
+            self.metrics.registry.register(TenantCacheCollector(occupancy))
+            self.status.sections.append(lambda _view: render_tenant_cache(occupancy))
         self.front = build_front(config, self._base, self.metrics, self.schemes)
         self.preparer = self.front.preparer
         self.diagnostics = self.front.diagnostics

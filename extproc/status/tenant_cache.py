@@ -9,11 +9,15 @@ Names (labels ``tenant_class``, ``endpoint``; the classes are the configured one
 * ``router_tenant_blocks_evicted_total``: the class's own blocks the engine removed there;
 * ``router_tenant_protected_hits_total``: requests of a protected class that hit blocks their class owns there;
 * ``router_tenant_hit_blocks_total``: leading blocks the router predicted cached for the class's requests there.
+
+``render_section`` is the same, for people: the status page's ``tenant-cache`` section (``app.py`` adds it when
+tenant classes are configured).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from html import escape
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -50,3 +54,22 @@ class TenantCacheCollector(Collector):
             for field, family in families.items():
                 family.add_metric([cls, endpoint], getattr(c, field))
         yield from families.values()
+
+
+def render_section(occupancy: Occupancy) -> str:
+    """The status page's ``<section id="tenant-cache">``: per endpoint and class, blocks held, evictions caused and
+    suffered, protected hits."""
+    counters = {(cls, ep): c for cls, ep, c in occupancy.counters()}
+    held = {(cls, ep): n for cls, ep, n in occupancy.occupancy()}
+    rows = []
+    for cls, ep in sorted(held.keys() | counters.keys(), key=lambda k: (k[1], k[0])):
+        c = counters.get((cls, ep))
+        caused, evicted, hits = (c.evictions_caused, c.blocks_evicted, c.protected_hits) if c else (0, 0, 0)
+        rows.append(f"<tr><td>{escape(ep)}</td><td>{escape(cls)}</td><td>{held.get((cls, ep), 0):,}</td>"
+                    f"<td>{caused:,}</td><td>{evicted:,}</td><td>{hits:,}</td></tr>")  # fmt: skip
+    empty = "<tr><td colspan=6>no attributed blocks yet (needs the endpoints' KV events)</td></tr>"
+    return (
+        '<section id="tenant-cache"><h2>Prefix cache by tenant class</h2>'
+        "<table><tr><th>endpoint</th><th>class</th><th>blocks held</th><th>evictions caused</th>"
+        f"<th>own blocks evicted</th><th>protected hits</th></tr>{''.join(rows) or empty}</table></section>"
+    )

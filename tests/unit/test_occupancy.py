@@ -9,7 +9,7 @@ from extproc.config import TenantClass, TenantsConfig
 from extproc.kvcache.memory_index import MemoryPrefixIndex
 from extproc.kvcache.occupancy import UNATTRIBUTED, AttributedWrites, Occupancy
 from extproc.resolvers import TenantResolver
-from extproc.status.tenant_cache import TenantCacheCollector
+from extproc.status.tenant_cache import TenantCacheCollector, render_section
 from extproc.types import BlockHash, EndpointId, HttpRequest, Route
 from tests.support.router_fakes import make_router
 
@@ -117,3 +117,7 @@ def test_the_collector_exports_occupancy_and_counters_per_class_and_endpoint() -
     assert 'router_tenant_cache_blocks{endpoint="a:1",tenant_class="premium"} 3.0' in text
     assert 'router_tenant_evictions_caused_total{endpoint="a:1",tenant_class="batch"} 1.0' in text
     assert 'router_tenant_blocks_evicted_total{endpoint="a:1",tenant_class="premium"} 1.0' in text
+    html = render_section(occ)
+    assert html.startswith('<section id="tenant-cache">')
+    assert "<td>a:1</td><td>premium</td><td>3</td><td>0</td><td>1</td><td>0</td>" in html
+    assert "no attributed blocks yet" in render_section(occupancy())
