@@ -159,7 +159,7 @@ def homes(request: RoutingRequest, candidates: Sequence[Candidate], policy: Shar
         and (held := c.shares.by_class.get(mine, 0)) > 0
         and (c.cached_blocks > 0 or held + need <= min(fraction, 1.0) * c.endpoint.num_gpu_blocks)
     ]
-    return home or candidates
+    return home if home and len(home) < len(candidates) else candidates
 
 
 def narrowed(request: RoutingRequest, candidates: Sequence[Candidate], policy: SharePolicy) -> Sequence[Candidate]:

@@ -68,6 +68,7 @@ def batch(priority: int = 0, budget: int | None = 3200) -> RoutingRequest:
         (req("premium"), [cand(A, shares(premium=950, batch=50)), cand(B, shares(batch=1000))], [A, B]),
         (req("premium"), [cand(A, shares(premium=950, batch=50), cached=90), cand(B, shares(batch=1000))], [A]),
         (req("premium"), [cand(A, shares(batch=1000)), cand(B, shares(batch=1000))], [A, B]),
+        (req("premium"), [cand(A, shares(premium=9)), cand(B, shares(premium=9))], [A, B]),
         (batch(budget=None), [cand(A, None), cand(B, shares(premium=300, batch=700))], [A]),
         (batch(), [cand(A, shares(premium=300, batch=700), cached=100), cand(B, shares(batch=1000))], [A, B]),
         (req("other"), [cand(A, shares(premium=300, batch=700)), cand(B, shares(batch=1000))], [B]),
@@ -82,6 +83,7 @@ def batch(priority: int = 0, budget: int | None = 3200) -> RoutingRequest:
         "home-full-at-its-share-a-cold-prompt-anywhere",
         "home-full-a-warm-prompt-stays-home",
         "no-home-yet-anywhere",
+        "home-everywhere",
         "unknown-shares-left-alone",
         "fully-cached-prompt-stores-nothing",
         "default-class-is-kept-off-too",
@@ -131,6 +133,12 @@ def test_defaults_change_nothing() -> None:
     assert narrowed(batch(priority=-1), candidates, policy) is candidates
     profile = build_profile(SchedulingConfig())
     assert isinstance(profile, TtftProfile) and not profile.shares.active
+
+
+def test_nothing_narrowed_is_the_same_list() -> None:
+    """The profile labels a decision ``share`` only when the rule really narrowed (an identity check)."""
+    everywhere = [cand(A, shares(premium=9)), cand(B, shares(premium=9))]
+    assert narrowed(req("premium"), everywhere, POLICY) is everywhere
 
 
 def test_the_profile_says_share_when_it_narrowed() -> None:
