@@ -259,8 +259,8 @@ class TenantClass(_Strict):
         None,
         gt=0,
         description="most uncached prompt tokens of this class in flight on one endpoint that holds another "
-        "class's protected blocks (the eviction churn it may cause there); None: no such endpoint is allowed "
-        "while another is",
+        "class's protected blocks (bounds its queue there, not its eviction churn: docs/tenants.md); None: no "
+        "such endpoint is allowed while another is",
     )
 
 

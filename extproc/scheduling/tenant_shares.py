@@ -10,8 +10,10 @@ only where a prefill lands. So the rule narrows the candidates of a request that
   holds no other class's protected blocks. Protected blocks: those of a ``protect_hot_prefixes`` class, up to
   that class's own share (beyond it, its excess is fair game).
 * An endpoint that would evict protected blocks is still allowed within the class's
-  ``uncached_tokens_per_endpoint`` (its uncached tokens in flight there, this request's included): bounded
-  churn, so hot prefixes that are used often enough stay at the MRU end of the engine's LRU.
+  ``uncached_tokens_per_endpoint`` (its uncached tokens in flight there, this request's included). That bounds
+  the class's queue there, not its eviction churn: the queue drains at the prefill rate, so a flood within
+  the budget still cycles the engine's LRU (``bench/results/noisy-neighbour-budget``: premium's cached share
+  fell to 0.21 with a one-prompt budget). Leave it unset to keep a flood off protected prefixes.
 * When nothing is allowed: a sheddable class (priority < 0) is refused (``Overloaded``, 429); any other goes to
   the endpoints holding the fewest protected blocks (least harm), never refused.
 * A protected class's own requests go *home*: to the endpoints where the class already holds blocks, when
