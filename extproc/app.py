@@ -102,8 +102,9 @@ class App:
         self.feed = EventFeed(
             sources_from_config(config.endpoints), writes, self.approx, self._scheme_of, leases=self.indexes.leases,
         )  # fmt: skip
+        forgets = [] if self.occupancy is None else [self.occupancy.cleared]
         self.lifecycle = EndpointLifecycle(self.registry, self.scraper.set_targets, self.feed, self.indexes,
-                                           self.inflight)  # fmt: skip
+                                           self.inflight, forgets)  # fmt: skip
         self.metrics.registry.register(CountersCollector("router_kv", self._kv_counters))
         self.metrics.registry.register(
             PreciseGauge(lambda: len(self.feed.precise_endpoints() & self.registry.snapshot().keys()))

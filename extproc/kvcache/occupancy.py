@@ -141,7 +141,7 @@ class Occupancy:
             self._counter(writer, endpoint).evictions_caused += 1
 
     def cleared(self, endpoint: EndpointId) -> None:
-        """The engine holds nothing now (``AllBlocksCleared``, a purge, the endpoint left)."""
+        """The engine holds nothing now (``AllBlocksCleared``, a purge) or the endpoint left (``lifecycle``)."""
         self._owned.pop(endpoint, None)
         self._counts.pop(endpoint, None)
         self._pending.pop(endpoint, None)
