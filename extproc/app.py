@@ -20,12 +20,13 @@ from extproc.backends.dns import DnsDiscovery, DnsResolver, system_nameserver
 from extproc.backends.inflight import InflightLoad
 from extproc.backends.registry import EndpointRegistry
 from extproc.backends.scraper import Scraper
-from extproc.config import DnsDiscoveryConfig, EndpointConfig, RouterConfig
+from extproc.config import DEFAULT_CLASS, DnsDiscoveryConfig, EndpointConfig, RouterConfig
 from extproc.decider import DeciderDeps, LocalDecider
 from extproc.diagnostics.report import render_section
 from extproc.front_build import build_front, processor_options, router_settings, warm_up
 from extproc.indexes import build_indexes
 from extproc.kvcache.feed import EventFeed
+from extproc.kvcache.occupancy import AttributedWrites, Occupancy
 from extproc.kvcache.subscriber import EventSource
 from extproc.lifecycle import EndpointLifecycle
 from extproc.observability import CountersCollector, PreciseGauge, RouterMetrics
@@ -36,6 +37,8 @@ from extproc.scheduling.build import build_pd, build_profile
 from extproc.status.ceiling import CeilingEstimator
 from extproc.status.service import FleetStatus
 from extproc.status.tap import DecisionTap, tenant_classes
+from extproc.status.tenant_cache import TenantCacheCollector
+from extproc.status.tenant_cache import render_section as render_tenant_cache
 from extproc.status.view import Sources
 from extproc.types import Endpoint, EndpointId, HashScheme, Role
 from extproc.workers import FrontWorkers
@@ -55,6 +58,17 @@ def sources_from_config(endpoints: Iterable[EndpointConfig]) -> list[EventSource
         for e in endpoints
         if e.kv_events is not None
     ]
+
+
+def tenant_occupancy(config: RouterConfig) -> Occupancy | None:
+    """The per-class cache bookkeeping, when tenant classes are configured (``TenantsConfig.attributed``)."""
+    tenants = config.tenants
+    if not tenants.attributed:
+        return None
+    protected = {name for name, c in tenants.classes.items() if c.protect_hot_prefixes}
+    if tenants.default.protect_hot_prefixes:
+        protected.add(DEFAULT_CLASS)
+    return Occupancy(config.scheduling.prefill_tokens_per_s, protected.__contains__)
 
 
 class App:
@@ -87,12 +101,15 @@ class App:
         self._found: dict[int, frozenset[EndpointId]] = {}  # {discovery index: what it found last}
         self._pool_of: dict[EndpointId, DnsDiscoveryConfig] = {}  # discovered endpoint -> the name that found it
         self.schemes = SchemeResolver({m.name: m for m in config.models}, self.registry)
+        self.occupancy = tenant_occupancy(config)
+        writes = self.indexes.writes if self.occupancy is None else AttributedWrites(self.indexes.writes,
+                                                                                     self.occupancy)  # fmt: skip
         self.feed = EventFeed(
-            sources_from_config(config.endpoints), self.indexes.writes, self.approx, self._scheme_of,
-            leases=self.indexes.leases,
+            sources_from_config(config.endpoints), writes, self.approx, self._scheme_of, leases=self.indexes.leases,
         )  # fmt: skip
+        forgets = [] if self.occupancy is None else [self.occupancy.cleared]
         self.lifecycle = EndpointLifecycle(self.registry, self.scraper.set_targets, self.feed, self.indexes,
-                                           self.inflight)  # fmt: skip
+                                           self.inflight, forgets)  # fmt: skip
         self.metrics.registry.register(CountersCollector("router_kv", self._kv_counters))
         self.metrics.registry.register(
             PreciseGauge(lambda: len(self.feed.precise_endpoints() & self.registry.snapshot().keys()))
@@ -101,6 +118,10 @@ class App:
                                           self.feed.block_totals, self.indexes.sizes, self.tap,
                                           stale_after_s=config.scrape.stale_after_s))  # fmt: skip
         self.metrics.registry.register(self.status.collector())
+        if self.occupancy is not None:
+            occupancy = self.occupancy
+            self.metrics.registry.register(TenantCacheCollector(occupancy))
+            self.status.sections.append(lambda _view: render_tenant_cache(occupancy))
         self.front = build_front(config, self._base, self.metrics, self.schemes)
         self.preparer = self.front.preparer
         self.diagnostics = self.front.diagnostics
@@ -166,12 +187,13 @@ class App:
             precise=self.precise,
             approx=self.approx,
             precise_endpoints=self.feed.precise_endpoints,
-            profile=build_profile(self.config.scheduling),
+            profile=build_profile(self.config.scheduling, self.config.tenants),
             pd=build_pd(self.config.scheduling),
             metrics=self.metrics,
             shared_load=self.shared_load,
             has_live_events=self.feed.has_live_events,
             lookups_wait_on_io=self.config.index.backend == "redis",
+            occupancy=self.occupancy,
         )
 
     async def start(self) -> None:

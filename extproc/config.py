@@ -282,15 +282,52 @@ def _from_flat_spelling(data: dict[str, Any]) -> dict[str, Any]:
     return {**rest, "profile": new_profile}
 
 
+DEFAULT_CLASS = "default"  # the class name of tenants not listed in tenants.classes (a metric label value)
+
+
 class TenantClass(_Strict):
+    """A tenant class's promises: queue priority, TTFT target, and its share of the fleet's prefix cache.
+
+    The cache settings act by placement (``scheduling/tenant_shares.py``); their defaults change nothing: no class
+    is protected and no budget is set, so no request is ever steered by them (a single-tenant fleet included).
+    """
+
     priority: int = Field(0, description="higher first; negative = sheddable (429 beyond scheduling.shed_ttft_s)")
     ttft_target_s: float | None = Field(None, gt=0, description="bounds the wait for a warm endpoint")
+    cache_share: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="fraction of KV blocks (of the fleet or of each endpoint: cache_share_of) this class may fill "
+        "freely; under it, placement never restricts the class; None: no guaranteed share",
+    )
+    cache_share_of: Literal["fleet", "endpoint"] = Field(
+        "fleet", description="cache_share is a fraction of the fleet's KV blocks, or of each endpoint's"
+    )
+    protect_hot_prefixes: bool = Field(
+        False,
+        description="this class's cached blocks (up to its cache_share) are kept from other classes' eviction: "
+        "their requests that must evict go to endpoints without them, within a budget, or shed if sheddable",
+    )
+    uncached_tokens_per_endpoint: int | None = Field(
+        None,
+        gt=0,
+        description="most uncached prompt tokens of this class in flight on one endpoint that holds another "
+        "class's protected blocks (bounds its queue there, not its eviction churn: docs/tenants.md); None: no "
+        "such endpoint is allowed while another is",
+    )
 
 
 class TenantsConfig(_Strict):
     header: str = Field(TENANT_HEADER, description="request header whose value names the tenant (GIE fairness id)")
     classes: dict[str, TenantClass] = Field(default_factory=dict, description="tenant id → class")
     default: TenantClass = Field(TenantClass(), description="class of tenants not listed in classes")
+
+    @property
+    def attributed(self) -> bool:
+        """Whether the per-class cache bookkeeping runs: with any class listed (or a protected default class);
+        a single-tenant fleet keeps it off and pays nothing."""
+        return bool(self.classes) or self.default.protect_hot_prefixes
 
 
 class _IndexCommon(_Strict):

@@ -26,6 +26,7 @@ from extproc.backends.load import snapshot
 from extproc.backends.registry import EndpointRecord, EndpointRegistry
 from extproc.errors import NoEndpoint, RouterError
 from extproc.kvcache.index import Chain, IndexUnavailable, PrefixIndex
+from extproc.kvcache.occupancy import Occupancy
 from extproc.observability import PhaseTimer, RouterMetrics
 from extproc.redis.shared_load import SharedLoad, SharedLoadUnavailable
 from extproc.scheduling import pd
@@ -129,6 +130,7 @@ class DeciderDeps:
     has_live_events: Callable[[EndpointId], bool] | None = None
     lookups_wait_on_io: bool = False  # True (Redis): the lookups run concurrently; False (memory): in turn
     pd: pd.PdPolicy | None = None  # prefill/decode disaggregation (engages only with prefill-role endpoints)
+    occupancy: Occupancy | None = None  # the cache by tenant class (kvcache/occupancy.py); None: not kept
 
 
 class LocalDecider:
@@ -281,7 +283,9 @@ class LocalDecider:
         self, record: EndpointRecord, cached_blocks: int, shared_queued: float = 0.0, precise: bool = False
     ) -> Candidate:
         load = snapshot(record, self._deps.inflight, shared_queued, self._clock(), self._settings.stale_after_s)
-        return Candidate(record.endpoint, load, cached_blocks, precise=precise)
+        occupancy = self._deps.occupancy
+        shares = occupancy.view(record.endpoint.id) if occupancy is not None else None
+        return Candidate(record.endpoint, load, cached_blocks, precise=precise, shares=shares)
 
     async def _record(
         self,
@@ -302,6 +306,9 @@ class LocalDecider:
         self._deps.inflight.add(pick, uncached)
         if self._deps.shared_load is not None:
             self._spawn(self._deps.shared_load.add(pick, uncached))
+        if self._deps.occupancy is not None:
+            cached_blocks = decision.cached_tokens // routing.block_size
+            self._deps.occupancy.routed(pick, routing.tenant.cls, routing.block_hashes, cached_blocks, uncached)
         if routing.block_hashes:
             # Where events will report the blocks (a cold event-fed endpoint included), our record only bridges
             # the moment until they do: a short burst mark, never a 600 s guess that its BlockRemoved cannot undo.

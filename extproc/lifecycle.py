@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from extproc.backends.inflight import InflightLoad
 from extproc.backends.registry import EndpointRegistry
@@ -36,8 +36,11 @@ class EndpointLifecycle:
         feed: EventFeed,
         indexes: Indexes,
         inflight: InflightLoad,
+        forgets: Sequence[Callable[[EndpointId], None]] = (),
     ) -> None:
+        """``forgets``: more per-endpoint state to drop when an endpoint leaves (the tenant cache bookkeeping)."""
         self._registry = registry
+        self._forgets = tuple(forgets)
         self._set_targets = set_targets
         self._feed = feed
         self._indexes = indexes
@@ -82,6 +85,8 @@ class EndpointLifecycle:
         await self._quietly("clearing the approximate entries of", eid, self._indexes.approx.clear(eid))
         await self._quietly("clearing the precise entries of", eid, self._indexes.precise.clear(eid))
         self._inflight.forget(eid)
+        for forget in self._forgets:
+            forget(eid)
         if self._indexes.shared_load is not None:
             await self._quietly("forgetting the shared load of", eid, self._indexes.shared_load.forget(eid))
 

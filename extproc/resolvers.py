@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from extproc.backends.registry import EndpointRegistry
-from extproc.config import ModelConfig, TenantClass, TenantsConfig
+from extproc.config import DEFAULT_CLASS, ModelConfig, TenantClass, TenantsConfig
 from extproc.types import HashScheme, Tenant
 
 DEFAULT_SCHEME = HashScheme()
@@ -55,7 +55,10 @@ class TenantResolver:
         self._default = _promise(config.default)
 
     def __call__(self, tenant_id: str) -> Tenant:
-        return replace(self._classes.get(tenant_id, self._default), id=tenant_id)
+        listed = self._classes.get(tenant_id)
+        if listed is None:
+            return replace(self._default, id=tenant_id, cls=DEFAULT_CLASS)
+        return replace(listed, id=tenant_id, cls=tenant_id)
 
 
 def _promise(cls: TenantClass) -> Tenant:

@@ -88,6 +88,25 @@ class Tenant:
     id: str = ""
     priority: int = 0  # higher first; negative is sheddable
     ttft_target_s: float | None = None
+    cache_share: float | None = None  # fraction of KV it may fill freely (config.TenantClass says the rest)
+    cache_share_of: str = "fleet"  # "fleet" | "endpoint"
+    protect_hot_prefixes: bool = False
+    uncached_tokens_per_endpoint: int | None = None
+    cls: str = ""  # the class it belongs to: its own id when listed in tenants.classes, else "default"
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointShares:
+    """One endpoint's prefix cache by tenant class, as the occupancy bookkeeping last saw it (a frozen copy).
+
+    ``by_class``: ``{class: blocks it put there that the engine's events confirmed and has not removed}``;
+    blocks nobody we routed put there count in ``used_blocks`` only. ``inflight_uncached``: ``{class: uncached
+    prompt tokens we routed there and estimate are not yet prefilled}``.
+    """
+
+    used_blocks: int = 0
+    by_class: Mapping[str, int] = field(default_factory=dict)
+    inflight_uncached: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +133,7 @@ class Candidate:
     load: LoadSnapshot
     cached_blocks: int  # leading blocks of the request this endpoint holds (index lookup)
     precise: bool  # cached_blocks comes from the engine's own KV events, not our guesses
+    shares: EndpointShares | None = None  # its cache by tenant class (None: bookkeeping off or not known)
 
 
 class Reason(enum.StrEnum):
@@ -122,6 +142,7 @@ class Reason(enum.StrEnum):
     CACHE = "cache"  # picked for its cached prefix
     LOAD = "load"  # no useful prefix anywhere: picked by load
     SPILL = "spill"  # a warm endpoint existed but was too busy; went cold
+    SHARE = "share"  # tenant cache shares narrowed the candidates (kept off another class's protected blocks)
     NO_TOKENS = "no_tokens"  # tokenization failed or timed out; picked by load
     SHED = "shed"
     NO_ENDPOINT = "no_endpoint"

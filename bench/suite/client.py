@@ -20,6 +20,7 @@ import aiohttp
 from bench.stack_config import MODEL
 from bench.suite.words import render
 from bench.suite.workloads import Call, Plan, Session
+from extproc.wire import TENANT_HEADER
 
 
 @dataclass(slots=True)
@@ -43,7 +44,8 @@ async def _one(http: aiohttp.ClientSession, url: str, call: Call, t0: float, pla
     res = Result(call.rid, False, planned, expected_prompt_tokens=len(call.ids))
     sent = t0 + planned
     try:
-        async with http.post(f"{url}/v1/completions", json=body,
+        headers = {TENANT_HEADER: call.tenant} if call.tenant else None
+        async with http.post(f"{url}/v1/completions", json=body, headers=headers,
                              timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:  # fmt: skip
             if resp.status != 200:
                 res.error = f"http {resp.status}: {(await resp.text())[:200]}"

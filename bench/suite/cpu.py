@@ -45,6 +45,12 @@ MOONCAKE = w.TraceOptions(w.MOONCAKE_DIR / "conversation_trace.jsonl", token_sca
                           max_prompt=3072, sample_conversations=True)  # fmt: skip
 RATES_QUICK = (3.0,)
 RATES_FULL = (1.5, 3.0, 6.0)
+# noisy neighbour on 2 CPU engines (64 blocks x 128 tokens each): 2 hot 1K-token premium prefixes at 1 rps beside
+# a unique 0.5-1K-token batch flood at the ladder's rate (0 = premium alone)
+NOISY = ({"prefixes": 2, "prefix": 1024, "question": 64, "premium_rps": 1.0, "premium_calls": 12,
+          "batch_min": 512, "batch_max": 1024, "output": CPU_OUTPUT},
+         {"prefixes": 2, "prefix": 1024, "question": 64, "premium_rps": 1.0, "premium_calls": 24,
+          "batch_min": 512, "batch_max": 1024, "output": CPU_OUTPUT})  # fmt: skip
 
 
 def _documents(rate: float, step: int, seed: int, quick: bool) -> Plan:
@@ -67,6 +73,10 @@ def _mooncake(rate: float, step: int, seed: int, quick: bool) -> Plan:
     return w.trace_plan(MOONCAKE, "mooncake", rate, step, seed, quick)
 
 
+def _noisy(rate: float, step: int, seed: int, quick: bool) -> Plan:
+    return w.noisy_plan(rate, step, seed, NOISY[0 if quick else 1])
+
+
 def _smoke(rate: float, step: int, seed: int, quick: bool) -> Plan:
     return w.smoke_plan(rate, step, seed, prefix_len=2 * CPU_BLOCK_SIZE)
 
@@ -86,6 +96,9 @@ CPU_WORKLOADS: dict[str, Workload] = {
                  _mooncake),
         Workload("unique", "no sharing: unique 0.5-1K-token prompts", CPU_FLEET, RATES_QUICK, RATES_FULL, _unique,
                  prefix_heavy=False),
+        Workload("noisy", "noisy neighbour: premium (2 hot 1K-token prefixes, 1 rps) beside a batch flood of unique "
+                 "0.5-1K-token prompts at the ladder's rate (0 = premium alone)", CPU_FLEET, (0.0, 3.0),
+                 (0.0, 1.5, 3.0), _noisy),
         Workload("smoke", "tests only: 8 short requests on one 2-block prefix", CPU_FLEET, (2.0,), (2.0,), _smoke,
                  prefix_heavy=False),
     )

@@ -5,7 +5,10 @@ Each maps to plain data that ``fleet.start_router`` turns into processes. Our pi
 * ``load``: the TTFT profile with the index off (``index.enabled: false``): load alone;
 * ``approximate``: the default picker, no KV events (its index learns from its own decisions);
 * ``precise``: endpoints' ``kv_events`` set (the backends publish, the picker subscribes, with replay);
-* ``precise_x2``: two picker replicas sharing ``index.backend: redis`` (valkey-server) behind one Envoy.
+* ``precise_x2``: two picker replicas sharing ``index.backend: redis`` (valkey-server) behind one Envoy;
+* ``precise_shares``: ``precise`` with tenant cache shares (``SHARES``: the ``noisy`` workload's premium class
+  protected with a quarter of the fleet's KV; batch in a class of its own, no share, no budget);
+* ``precise_shares_budget``: the same, with batch's ``uncached_tokens_per_endpoint`` at 1,536 (``SHARES_BUDGET``).
 """
 
 from __future__ import annotations
@@ -35,6 +38,12 @@ class Policy:
         return self.kind in ("sglang", "vllm")
 
 
+SHARES = {"classes": {"premium": {"priority": 1, "protect_hot_prefixes": True, "cache_share": 0.25},
+                      "batch": {"priority": 0}}}  # fmt: skip
+SHARES_BUDGET = {"classes": {**SHARES["classes"], "batch": {"priority": 0, "uncached_tokens_per_endpoint": 1536}}}
+"""``SHARES`` with batch allowed onto premium's endpoints within 1,536 uncached tokens in flight (one prompt)."""
+
+
 POLICIES: dict[str, Policy] = {
     p.name: p
     for p in (
@@ -44,6 +53,10 @@ POLICIES: dict[str, Policy] = {
                picker_overrides={"index": {"enabled": False}}),
         Policy("approximate", "picker", "ours: default picker, approximate index (no KV events)"),
         Policy("precise", "picker", "ours: precise index fed by the backends' KV events", kv_events=True),
+        Policy("precise_shares", "picker", "ours: precise, with tenant cache shares (premium protected)",
+               kv_events=True, picker_overrides={"tenants": SHARES}),
+        Policy("precise_shares_budget", "picker", "ours: precise_shares, batch may use premium's endpoints within "
+               "1,536 uncached tokens in flight", kv_events=True, picker_overrides={"tenants": SHARES_BUDGET}),
         Policy("precise_x2", "picker", "ours: two precise replicas sharing a Redis (valkey) index",
                kv_events=True, replicas=2, redis=True),
         Policy("sglang_cache_aware", "sglang", "sglang-router cache_aware", peer_policy="cache_aware"),

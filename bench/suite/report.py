@@ -177,6 +177,21 @@ def _table(doc: dict[str, Any], workload: str) -> list[str]:
     return lines
 
 
+def _tenant_table(doc: dict[str, Any], workload: str) -> list[str]:
+    """Per tenant, per policy and rate (cells whose plan named tenants: ``by_tenant``): TTFT p90, output, cached."""
+    rows = []
+    for policy, entry in doc["workloads"][workload]["policies"].items():
+        for cell in entry.get("cells", []):
+            for tenant, t in sorted(cell.get("by_tenant", {}).items()):
+                rows.append(f"| {policy} | {cell['offered_rate_rps']:g} | {tenant} | {_fmt('{:.3f}', t['ttft_p90_s'])} "
+                            f"| {_fmt('{:.1f}', t['output_tok_s'])} | {_fmt('{:.2f}', t['cached_token_share'])} "
+                            f"| {_fmt('{:.2f}', t['success_rate'])} |")  # fmt: skip
+    if not rows:
+        return []
+    return ["", "Per tenant:", "", "| policy | rate | tenant | TTFT p90 s | output tok/s | cached share | ok |",
+            "|---|---:|---|---:|---:|---:|---:|", *rows]  # fmt: skip
+
+
 def _summary(doc: dict[str, Any]) -> list[str]:
     """One row per policy, one column per workload: TTFT p90 / output tok/s / cached share of the ceiling at
     each workload's highest rate (``–``: the policy did not reach it)."""
@@ -286,6 +301,7 @@ def render(doc: dict[str, Any], plots: list[str], notes: str = "") -> str:
                 f"Rates {w['rates_rps']} req/s, "
                 f"{w['requests_per_rate']} requests; ceiling cached share {ceilings}.", ""]  # fmt: skip
         out += _table(doc, name)
+        out += _tenant_table(doc, name)
         png = f"{_slug(name)}.png"
         if png in plots:
             out += ["", f"![{name}]({png})"]

@@ -28,7 +28,7 @@ from bench.suite import measure
 from bench.suite.client import replay
 from bench.suite.fleet import Backends, Router, RouterUnavailable, start_router
 from bench.suite.policies import CONTENDERS, CPU_CONTENDERS, POLICIES
-from bench.suite.workloads import Fleet, Workload
+from bench.suite.workloads import Fleet, Workload, ceiling_share
 
 SATURATED_SUCCESS = 0.5
 TIME_NOTES = {
@@ -237,6 +237,9 @@ def _cell(router: Router, backends: Backends, plan: Any, rate: float, opts: RunO
     ceiling = plan.ceiling_cached_share(backends.fleet.block_size)
     cell = measure.summarize(results, rate=rate, ceiling=ceiling, per_backend=per_backend,
                              router_cpu=cpu1 - cpu0, envoy_cpu=envoy1 - envoy0)  # fmt: skip
+    tenants = by_tenant(plan, results)
+    if tenants:
+        cell["by_tenant"] = tenants
     if router.metrics_urls:
         counters = {k: int(v - picker0.get(k, 0.0)) for k, v in picker1.items() if v - picker0.get(k, 0.0)}
         cell["predicted_cached_tokens"] = counters.pop(measure.PREDICTED_CACHED, 0)
@@ -244,6 +247,22 @@ def _cell(router: Router, backends: Backends, plan: Any, rate: float, opts: RunO
     return cell
 
 
+def by_tenant(plan: Any, results: list[Any]) -> dict[str, dict[str, Any]]:
+    """Each tenant's own summary (TTFT, output, cached share) when the plan's calls name tenants, else {}."""
+    tenant_of = {c.rid: c.tenant for c in plan.calls}
+    names = sorted({t for t in tenant_of.values() if t})
+    out = {}
+    for name in names:
+        mine = [r for r in results if tenant_of.get(r.rid) == name]
+        calls = [c for c in plan.calls if c.tenant == name]
+        ceiling = ceiling_share([c.ids for c in calls]) if calls else 0.0
+        cell = measure.summarize(mine, rate=0.0, ceiling=ceiling, per_backend=[], router_cpu=0.0, envoy_cpu=0.0)
+        out[name] = {k: cell[k] for k in TENANT_KEYS if k in cell}
+    return out
+
+
+TENANT_KEYS = ("requests", "succeeded", "success_rate", "ttft_p50_s", "ttft_p90_s", "output_tok_s",
+               "cached_token_share", "ceiling_cached_share", "cached_share_of_ceiling")  # fmt: skip
 REPEAT_KEYS = ("ttft_p50_s", "ttft_p90_s", "output_tok_s", "cached_share_of_ceiling", "success_rate")
 
 

@@ -30,6 +30,7 @@ class Call:
     rid: str
     ids: tuple[int, ...]  # word ids (one token each); SPACE = an extra leading-space token
     max_tokens: int
+    tenant: str = ""  # sent as the tenant header (wire.TENANT_HEADER) when set
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,6 +336,34 @@ def smoke_plan(rate: float, step: int, seed: int, prefix_len: int) -> Plan:
     return Plan("smoke", tuple(sessions))
 
 
+# -- (6) noisy neighbour: a premium tenant's hot prefixes under a batch tenant's flood of unique prompts ---------
+NOISY = {"prefixes": 4, "prefix": 1024, "question": 48, "premium_rps": 2.0, "premium_calls": 40, "batch_min": 1024,
+         "batch_max": 1536, "output": 16}  # fmt: skip
+NOISY_TENANTS = ("premium", "batch")
+
+
+def _noisy(rate: float, step: int, seed: int, quick: bool) -> Plan:
+    return noisy_plan(rate, step, seed, NOISY)
+
+
+def noisy_plan(rate: float, step: int, seed: int, p: dict[str, float]) -> Plan:
+    """``premium``: ``premium_calls`` chat turns at ``premium_rps`` on a few hot ``prefix``-token prefixes;
+    ``batch``: unique prompts at ``rate`` (the ladder's rate; 0 = premium alone) over the same span."""
+    rng = random.Random(f"noisy/{seed}/{step}")
+    prefixes = [_words(rng, int(p["prefix"])) for _ in range(int(p["prefixes"]))]
+    n_premium = int(p["premium_calls"])
+    span_s = n_premium / p["premium_rps"]
+    sessions = []
+    for i, t in enumerate(_poisson(rng, p["premium_rps"], n_premium)):
+        ids = prefixes[i % len(prefixes)] + _words(rng, int(p["question"]))
+        sessions.append(Session(t, (Call(f"noisy-{step}-p{i}", ids, int(p["output"]), "premium"),)))
+    for i, t in enumerate(_poisson(rng, rate, round(rate * span_s)) if rate > 0 else []):
+        ids = _words(rng, rng.randint(int(p["batch_min"]), int(p["batch_max"])))
+        sessions.append(Session(t, (Call(f"noisy-{step}-b{i}", ids, int(p["output"]), "batch"),)))
+    sessions.sort(key=lambda s: s.start_s)
+    return Plan("noisy", tuple(sessions))
+
+
 WORKLOADS: dict[str, Workload] = {
     w.name: w
     for w in (
@@ -350,6 +379,9 @@ WORKLOADS: dict[str, Workload] = {
                  Fleet(num_gpu_blocks=1024), (8.0,), (8.0, 16.0), _mooncake),
         Workload("unique", "no sharing: unique 0.75-1.3K-token prompts", Fleet(num_gpu_blocks=1024),
                  (8.0,), (8.0, 16.0), _unique, prefix_heavy=False),
+        Workload("noisy", "noisy neighbour: premium (4 hot 1K-token prefixes, 2 rps chat) beside a batch flood of "
+                 "unique 1-1.5K-token prompts at the ladder's rate (0 = premium alone); 384 blocks per backend",
+                 Fleet(num_gpu_blocks=384, max_model_len=4096), (0.0, 12.0), (0.0, 6.0, 12.0), _noisy),
         Workload("smoke", "tests only: 8 short requests on one prefix", Fleet(backends=2, num_gpu_blocks=512,
                  time_scale=1.0, max_model_len=4096), (4.0,), (4.0,), _smoke, prefix_heavy=False),
     )

@@ -40,6 +40,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--subset-hint", default=None, help="static GIE subset hint, comma-separated ip:port")
     p.add_argument("--send-response-headers", action="store_true", help="picker sees the served endpoint")
     p.add_argument("--bypass-prefix", action="append", default=[], help="path prefix routed without ext_proc")
+    p.add_argument(
+        "--strip-tenant-header",
+        default=None,
+        metavar="HEADER",
+        help="remove this client-sent tenant header before ext_proc (the picker's tenants.header)",
+    )
+    p.add_argument("--tenant", default=None, help="with --strip-tenant-header: set it to this tenant on every request")
     p.add_argument("-o", "--output", default=None, help="write here instead of stdout")
     p.set_defaults(func=run)
 
@@ -84,6 +91,8 @@ def options_from_args(args: argparse.Namespace) -> EnvoyOptions:
             subset_hint=None if args.subset_hint is None else _csv(args.subset_hint),
             send_response_headers=args.send_response_headers,
             picker_bypass_prefixes=tuple(args.bypass_prefix),
+            tenant_header=args.strip_tenant_header,
+            tenant=args.tenant,
         )
     except ValidationError as exc:
         raise ValueError("invalid envoy options: " + _summary(exc)) from None

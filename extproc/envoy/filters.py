@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from envoy_data_plane.envoy.config.accesslog.v3 import AccessLog
 from envoy_data_plane.envoy.config.common.mutation_rules.v3 import HeaderMutation as HeaderEdit
-from envoy_data_plane.envoy.config.core.v3 import DataSource, GrpcService, GrpcServiceEnvoyGrpc
+from envoy_data_plane.envoy.config.core.v3 import (
+    DataSource,
+    GrpcService,
+    GrpcServiceEnvoyGrpc,
+    HeaderValue,
+    HeaderValueOption,
+)
+from envoy_data_plane.envoy.config.core.v3 import HeaderValueOptionHeaderAppendAction as Append
 from envoy_data_plane.envoy.config.core.v3 import SubstitutionFormatString as Format
 from envoy_data_plane.envoy.extensions.access_loggers.file.v3 import FileAccessLog
 from envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 import (
@@ -53,7 +60,7 @@ _GRPC_TIMEOUT_S = 5.0
 
 def http_filters(opts: EnvoyOptions) -> list[HttpFilter]:
     """The filter chain in order; the router is always last."""
-    chain = [HttpFilter(name=STRIP_FILTER, typed_config=pack(_strip_destination()))]
+    chain = [HttpFilter(name=STRIP_FILTER, typed_config=pack(_strip_destination(opts)))]
     if opts.subset_hint is not None:
         chain.append(HttpFilter(name=SUBSET_FILTER, typed_config=pack(_subset_hint(opts.subset_hint))))
     chain.append(HttpFilter(name=EXT_PROC_FILTER, typed_config=pack(ext_processor(opts))))
@@ -61,10 +68,19 @@ def http_filters(opts: EnvoyOptions) -> list[HttpFilter]:
     return chain
 
 
-def _strip_destination() -> HeaderMutation:
-    """Remove any client-sent destination header before ext_proc runs: only the picker may set it."""
-    edit = HeaderEdit(remove=wire.DESTINATION_HEADER)
-    return HeaderMutation(mutations=Mutations(request_mutations=[edit]))
+def _strip_destination(opts: EnvoyOptions) -> HeaderMutation:
+    """Remove any client-sent destination header before ext_proc runs: only the picker may set it. With
+    ``tenant_header``, the client's tenant header goes too (and ``tenant``, if given, is set in its place), so a
+    client cannot claim another tenant's class (docs/tenants.md)."""
+    edits = [HeaderEdit(remove=wire.DESTINATION_HEADER)]
+    if opts.tenant_header:
+        edits.append(HeaderEdit(remove=opts.tenant_header))
+        if opts.tenant:
+            value = HeaderValue(key=opts.tenant_header, value=opts.tenant)
+            edits.append(
+                HeaderEdit(append=HeaderValueOption(header=value, append_action=Append.OVERWRITE_IF_EXISTS_OR_ADD))
+            )
+    return HeaderMutation(mutations=Mutations(request_mutations=edits))
 
 
 def _subset_hint(subset: tuple[str, ...]) -> SetMetadata:

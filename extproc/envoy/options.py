@@ -84,6 +84,14 @@ class EnvoyOptions(BaseModel):
     picker_bypass_prefixes: tuple[str, ...] = Field(
         (), description="path prefixes routed without ext_proc (health checks, /metrics); round-robin"
     )
+    tenant_header: str | None = Field(
+        None,
+        description="strip this client-sent header before ext_proc (the picker's tenants.header), so that only "
+        "Envoy names the tenant (tenant below, or a JWT claim: docs/tenants.md); None: the client's value passes",
+    )
+    tenant: str | None = Field(
+        None, description="with tenant_header: every request on this listener is this tenant (the header is set)"
+    )
 
     @field_validator("endpoints", "subset_hint")
     @classmethod

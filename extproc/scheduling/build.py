@@ -6,14 +6,16 @@ and cannot drift (``stickiness_s`` once did: 0.05 in the profile, 0.2 in the con
 
 from __future__ import annotations
 
-from extproc.config import SchedulingConfig, TtftProfileConfig
+from extproc.config import DEFAULT_CLASS, SchedulingConfig, TenantClass, TenantsConfig, TtftProfileConfig
 from extproc.scheduling.estimate import EstimatorParams
 from extproc.scheduling.pd import PdPolicy
 from extproc.scheduling.profiles import Profile, TtftProfile, WeightedProfile
+from extproc.scheduling.tenant_shares import ClassShare, SharePolicy
 
 
-def build_profile(scheduling: SchedulingConfig) -> Profile:
-    """``scheduling.profile`` as a ``Profile``, with the settings every profile shares."""
+def build_profile(scheduling: SchedulingConfig, tenants: TenantsConfig | None = None) -> Profile:
+    """``scheduling.profile`` as a ``Profile``, with the settings every profile shares; ``tenants``: their cache
+    shares (the TTFT profile applies them; the weighted one does not)."""
     p = scheduling.profile
     if not isinstance(p, TtftProfileConfig):
         return WeightedProfile(weights=dict(p.weights), fallbacks=scheduling.fallbacks)
@@ -24,6 +26,7 @@ def build_profile(scheduling: SchedulingConfig) -> Profile:
         tie_epsilon_s=p.tie_epsilon_s,
         fallbacks=scheduling.fallbacks,
         shed_ttft_s=scheduling.shed_ttft_s,
+        shares=share_policy(tenants or TenantsConfig()),
     )
 
 
@@ -50,3 +53,15 @@ def _estimator_params(scheduling: SchedulingConfig) -> EstimatorParams:
         kv_penalty_s=p.kv_penalty_s,
         unknown_load_penalty_s=p.unknown_load_penalty_s,
     )
+
+
+def share_policy(tenants: TenantsConfig) -> SharePolicy:
+    """Every class's cache policy, by the class names ``TenantResolver`` gives (``Tenant.cls``)."""
+    classes = {name: _share(c) for name, c in tenants.classes.items()}
+    if DEFAULT_CLASS not in classes:
+        classes[DEFAULT_CLASS] = _share(tenants.default)
+    return SharePolicy(classes=classes, default=_share(tenants.default))
+
+
+def _share(c: TenantClass) -> ClassShare:
+    return ClassShare(c.cache_share, c.cache_share_of == "endpoint", c.protect_hot_prefixes)

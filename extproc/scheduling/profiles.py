@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from extproc.errors import NoEndpoint, Overloaded
 from extproc.scheduling.estimate import EstimatorParams, cached_tokens, estimate_ttft_s
 from extproc.scheduling.scorers import SCORERS
+from extproc.scheduling.tenant_shares import SharePolicy, narrowed
 from extproc.types import Candidate, Decision, EndpointId, Reason, RoutingRequest
 
 
@@ -38,9 +39,17 @@ class TtftProfile:
     tie_epsilon_s: float
     fallbacks: int
     shed_ttft_s: float
+    shares: SharePolicy  # tenant cache shares (inactive unless a class is protected: tenant_shares.py)
 
     def decide(self, request: RoutingRequest, candidates: Sequence[Candidate], rng: random.Random) -> Decision:
         _require(candidates)
+        allowed = narrowed(request, candidates, self.shares)
+        if allowed is not candidates:  # kept off another class's protected blocks: say so, whatever the pick
+            decision = self._decide(request, allowed, rng)
+            return replace(decision, reason=Reason.SHARE)
+        return self._decide(request, candidates, rng)
+
+    def _decide(self, request: RoutingRequest, candidates: Sequence[Candidate], rng: random.Random) -> Decision:
         est = {
             c.endpoint.id: estimate_ttft_s(c, request.prompt_tokens, request.block_size, self.params)
             for c in candidates

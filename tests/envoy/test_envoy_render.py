@@ -20,6 +20,7 @@ DEMO_ARGS = ["envoy-config", "--endpoints", ",".join(ENDPOINTS), "--picker", "12
 
 VARIANTS = {
     "default": {},
+    "tenant_from_envoy": {"tenant_header": wire.TENANT_HEADER, "tenant": "premium"},
     "duplex": {"body_mode": "full_duplex_streamed"},
     "original_dst_metadata": {"cluster_mode": "original_dst", "endpoints": ()},
     "original_dst_header_fail_closed": {
@@ -81,6 +82,17 @@ def test_strip_filter_runs_before_ext_proc_and_router_is_last() -> None:
     ]
     strip = _filter(render_bootstrap(_opts()), "envoy.filters.http.header_mutation")
     assert strip["mutations"]["request_mutations"] == [{"remove": wire.DESTINATION_HEADER}]
+
+
+def test_a_client_sent_tenant_header_is_stripped_and_can_be_set_by_envoy() -> None:
+    strip = _filter(render_bootstrap(_opts(tenant_header=wire.TENANT_HEADER)), "envoy.filters.http.header_mutation")
+    assert strip["mutations"]["request_mutations"] == [{"remove": wire.DESTINATION_HEADER},
+                                                       {"remove": wire.TENANT_HEADER}]  # fmt: skip
+    fixed = _filter(render_bootstrap(_opts(tenant_header=wire.TENANT_HEADER, tenant="premium")),
+                    "envoy.filters.http.header_mutation")  # fmt: skip
+    assert fixed["mutations"]["request_mutations"][-1] == {
+        "append": {"header": {"key": wire.TENANT_HEADER, "value": "premium"},
+                   "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}}  # fmt: skip
 
 
 def test_ext_proc_defaults() -> None:

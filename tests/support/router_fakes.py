@@ -19,6 +19,7 @@ from extproc.config import SchedulingConfig
 from extproc.decider import DeciderDeps, LocalDecider
 from extproc.errors import BadRequest
 from extproc.kvcache.index import IndexUnavailable
+from extproc.kvcache.occupancy import Occupancy
 from extproc.observability import RouterMetrics
 from extproc.prompt.openai import kind_for_path
 from extproc.router import FrontDeps, Router, RouterSettings
@@ -111,6 +112,8 @@ def make_router(
     precise_endpoints: Callable[[], frozenset[EndpointId]] = frozenset,
     settings: RouterSettings | None = None,
     pd: PdPolicy | None = None,
+    occupancy: Occupancy | None = None,
+    tenant_for: Callable[[str], Tenant] = Tenant,
 ) -> tuple[Router, DictIndex, InflightLoad]:
     registry = registry or EndpointRegistry([Endpoint(A), Endpoint(B)])
     for eid in registry.snapshot():
@@ -127,7 +130,7 @@ def make_router(
     )
     decider = DeciderDeps(
         scheme_for=lambda m: HashScheme(),
-        tenant_for=lambda t: Tenant(t),
+        tenant_for=tenant_for,
         registry=registry,
         inflight=inflight,
         precise=precise or DictIndex(),
@@ -136,6 +139,7 @@ def make_router(
         profile=build_profile(SchedulingConfig(prefill_tokens_per_s=10000.0)),
         metrics=metrics,
         pd=pd,
+        occupancy=occupancy,
     )
     settings = settings or RouterSettings()
     local = LocalDecider(decider, settings.decider, rng=random.Random(0))

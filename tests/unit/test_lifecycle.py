@@ -33,7 +33,9 @@ async def test_a_gone_endpoint_is_unfollowed_cleared_once_and_its_load_forgotten
     inflight = InflightLoad(1000.0)
     feed = EventFeed([], precise, approx, lambda _e: None)
     targets: list[Mapping[EndpointId, str]] = []
-    life = EndpointLifecycle(registry, targets.append, feed, Indexes(precise, approx, writes=precise), inflight)
+    forgotten: list[EndpointId] = []
+    life = EndpointLifecycle(registry, targets.append, feed, Indexes(precise, approx, writes=precise), inflight,
+                             [forgotten.append])  # fmt: skip
     events = {B: EventSource(B, "ipc:///tmp/nobody-lifecycle-b")}
 
     life.discovered({A: frozenset()}, frozenset({B, C}), events.get)
@@ -50,6 +52,7 @@ async def test_a_gone_endpoint_is_unfollowed_cleared_once_and_its_load_forgotten
     assert not feed.follows(B)
     assert sorted(precise.clears) == [B, C] and sorted(approx.clears) == [B, C]  # once each, not twice
     assert inflight.routed_since_scrape(B) == 0 and inflight.routed_since_scrape(C) == 0  # dropped, not drained
+    assert sorted(forgotten) == [B, C]  # the tenant cache bookkeeping (app.py passes Occupancy.cleared)
     await feed.stop()
 
 

@@ -9,6 +9,6 @@ def test_tenant_classes_and_the_default() -> None:
     resolve = TenantResolver(
         TenantsConfig(classes={"batch": TenantClass(priority=-1, ttft_target_s=5.0)}, default=TenantClass(priority=1))
     )
-    assert resolve("batch") == Tenant("batch", priority=-1, ttft_target_s=5.0)
-    assert resolve("someone") == Tenant("someone", priority=1, ttft_target_s=None)
-    assert resolve("") == Tenant("", priority=1)
+    assert resolve("batch") == Tenant("batch", priority=-1, ttft_target_s=5.0, cls="batch")
+    assert resolve("someone") == Tenant("someone", priority=1, ttft_target_s=None, cls="default")
+    assert resolve("") == Tenant("", priority=1, cls="default")
