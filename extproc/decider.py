@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from extproc import wire
+from extproc.backends.calibration import TtftCalibration
+from extproc.backends.hot_blocks import HotBlocks
 from extproc.backends.inflight import InflightLoad
 from extproc.backends.load import snapshot
 from extproc.backends.registry import EndpointRecord, EndpointRegistry
@@ -38,6 +40,7 @@ from extproc.types import (
     HashScheme,
     LoraAdapter,
     PassThrough,
+    Reason,
     Route,
     RoutingRequest,
     Tenant,
@@ -127,6 +130,8 @@ class DeciderDeps:
     # endpoint's events will report what it stores (even while cold after a purge); None: precise ones
     has_live_events: Callable[[EndpointId], bool] | None = None
     lookups_wait_on_io: bool = False  # True (Redis): the lookups run concurrently; False (memory): in turn
+    hot_blocks: HotBlocks | None = None  # per endpoint, the cached blocks recent requests hit (a copy's bound)
+    calibration: TtftCalibration | None = None  # predicted vs the engine's TTFT, per endpoint (measure-only)
 
 
 class LocalDecider:
@@ -274,13 +279,23 @@ class LocalDecider:
         self, record: EndpointRecord, cached_blocks: int, shared_queued: float = 0.0, precise: bool = False
     ) -> Candidate:
         load = snapshot(record, self._deps.inflight, shared_queued, self._clock(), self._settings.stale_after_s)
-        return Candidate(record.endpoint, load, cached_blocks, precise=precise)
+        hot = self._deps.hot_blocks.hot(record.endpoint.id) if self._deps.hot_blocks else None
+        if self._deps.calibration is not None and record.metrics is not None:
+            self._deps.calibration.observe(record.endpoint.id, record.metrics.ttft)
+        return Candidate(record.endpoint, load, cached_blocks, precise=precise, hot_blocks=hot)
 
     def _record(self, routing: RoutingRequest, decision: Decision, precise: frozenset[EndpointId]) -> None:
         """What we just routed becomes load and (approximate) cache state on the pick, before the next request."""
         pick = decision.endpoints[0]
         uncached = max(routing.prompt_tokens - decision.cached_tokens, 0)
         self._deps.inflight.add(pick, uncached)
+        if self._deps.hot_blocks is not None:
+            placed = decision.reason == Reason.LOAD
+            self._deps.hot_blocks.routed(
+                pick, routing.block_hashes, decision.cached_tokens // routing.block_size, placed=placed
+            )
+        if self._deps.calibration is not None and pick in decision.estimates_s:
+            self._deps.calibration.predicted(pick, decision.estimates_s[pick])
         if self._deps.shared_load is not None:
             self._spawn(self._deps.shared_load.add(pick, uncached))
         if routing.block_hashes:
@@ -360,11 +375,16 @@ class LocalDecider:
                         "prompt_tokens": routing.prompt_tokens,
                         "cached_tokens": decision.cached_tokens,
                         "estimates_s": {e: round(v, 4) for e, v in decision.estimates_s.items()},
+                        "ttft_ratio": round(self._ttft_ratio(decision.endpoints[0]), 3),
                         "scores": {e: round(v, 4) for e, v in decision.scores.items()},
                         "ms": {k: round(v * 1000, 3) for k, v in phases.items()},
                     }
                 )
             )
+
+    def _ttft_ratio(self, endpoint: EndpointId) -> float:
+        """The pick's measured actual / predicted TTFT so far (1.0 until calibration has measured it)."""
+        return self._deps.calibration.ratio(endpoint) if self._deps.calibration else 1.0
 
 
 def merged_phases(front_s: Mapping[str, float], decider_s: Mapping[str, float]) -> dict[str, float]:

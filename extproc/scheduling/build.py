@@ -31,4 +31,5 @@ def build_profile(scheduling: SchedulingConfig) -> Profile:
         tie_epsilon_s=p.tie_epsilon_s,
         fallbacks=scheduling.fallbacks,
         shed_ttft_s=scheduling.shed_ttft_s,
+        copy_into_full_kv=p.copy_into_full_kv,
     )
