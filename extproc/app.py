@@ -16,7 +16,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from extproc.backends.calibration import TtftCalibration
 from extproc.backends.dns import DnsDiscovery, DnsResolver, system_nameserver
+from extproc.backends.hot_blocks import HotBlocks
 from extproc.backends.inflight import InflightLoad
 from extproc.backends.registry import EndpointRegistry
 from extproc.backends.scraper import Scraper
@@ -82,6 +84,7 @@ class App:
         ]
         self.registry = EndpointRegistry(endpoints)
         self.inflight = InflightLoad(config.scheduling.prefill_tokens_per_s)
+        self.hot_blocks = HotBlocks(self._kv_blocks)  # per endpoint, the cached blocks recent requests hit
         self.tap = DecisionTap(tenant_classes(config.tenants.classes), CeilingEstimator())
         self.metrics = RouterMetrics(CollectorRegistry(), self.tap)
         self.indexes = build_indexes(config.index, self._approx_capacity, config.scheduling.prefill_tokens_per_s)
@@ -173,6 +176,10 @@ class App:
         models = sorted(state.endpoint.models) if state and state.endpoint.models else []
         return self.schemes(models[0] if models else self.config.models[0].name)
 
+    def _kv_blocks(self, eid: EndpointId) -> int | None:
+        state = self.registry.snapshot().get(eid)
+        return state.endpoint.num_gpu_blocks if state else None
+
     def _approx_capacity(self, eid: EndpointId) -> int:
         state = self.registry.snapshot().get(eid)
         known = state.endpoint.num_gpu_blocks if state else None
@@ -194,6 +201,8 @@ class App:
             has_live_events=self.feed.has_live_events,
             lookups_wait_on_io=self.config.index.backend == "redis",
             occupancy=self.occupancy,
+            hot_blocks=self.hot_blocks,
+            calibration=TtftCalibration(self.metrics),
         )
 
     async def start(self) -> None:

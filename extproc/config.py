@@ -159,6 +159,12 @@ class TtftProfileConfig(_Strict):
         0.2, ge=0, le=1, description="a cached prefix below this share of the prompt counts as cold"
     )
     tie_epsilon_s: float = Field(0.002, ge=0, description="estimates closer than this are ties, spread")
+    copy_into_full_kv: bool = Field(
+        False,
+        description="let a busy warm request spill onto any endpoint, as before: also a busy one or one whose "
+        "prefix cache has no room for the copy (the spill cascade, docs/scheduling.md); false: it spills only onto "
+        "an idle endpoint with room, else holds on its warm endpoint (reason hold) and sheddable tenants are shed",
+    )
 
 
 class WeightedProfileConfig(_Strict):

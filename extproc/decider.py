@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from extproc import wire
+from extproc.backends.calibration import TtftCalibration
+from extproc.backends.hot_blocks import HotBlocks
 from extproc.backends.inflight import InflightLoad
 from extproc.backends.load import snapshot
 from extproc.backends.registry import EndpointRecord, EndpointRegistry
@@ -40,6 +42,7 @@ from extproc.types import (
     HashScheme,
     LoraAdapter,
     PassThrough,
+    Reason,
     Route,
     RoutingRequest,
     Tenant,
@@ -131,6 +134,8 @@ class DeciderDeps:
     lookups_wait_on_io: bool = False  # True (Redis): the lookups run concurrently; False (memory): in turn
     pd: pd.PdPolicy | None = None  # prefill/decode disaggregation (engages only with prefill-role endpoints)
     occupancy: Occupancy | None = None  # the cache by tenant class (kvcache/occupancy.py); None: not kept
+    hot_blocks: HotBlocks | None = None  # per endpoint, the cached blocks recent requests hit (a copy's bound)
+    calibration: TtftCalibration | None = None  # predicted vs the engine's TTFT, per endpoint (measure-only)
 
 
 class LocalDecider:
@@ -285,7 +290,10 @@ class LocalDecider:
         load = snapshot(record, self._deps.inflight, shared_queued, self._clock(), self._settings.stale_after_s)
         occupancy = self._deps.occupancy
         shares = occupancy.view(record.endpoint.id) if occupancy is not None else None
-        return Candidate(record.endpoint, load, cached_blocks, precise=precise, shares=shares)
+        hot = self._deps.hot_blocks.hot(record.endpoint.id) if self._deps.hot_blocks else None
+        if self._deps.calibration is not None and record.metrics is not None:
+            self._deps.calibration.observe(record.endpoint.id, record.metrics.ttft)
+        return Candidate(record.endpoint, load, cached_blocks, precise=precise, shares=shares, hot_blocks=hot)
 
     async def _record(
         self,
@@ -304,6 +312,13 @@ class LocalDecider:
         pick = decision.endpoints[0]
         uncached = 0 if prefilled_elsewhere else max(routing.prompt_tokens - decision.cached_tokens, 0)
         self._deps.inflight.add(pick, uncached)
+        if self._deps.hot_blocks is not None:
+            placed = decision.reason == Reason.LOAD
+            self._deps.hot_blocks.routed(
+                pick, routing.block_hashes, decision.cached_tokens // routing.block_size, placed=placed
+            )
+        if self._deps.calibration is not None and pick in decision.estimates_s:
+            self._deps.calibration.predicted(pick, decision.estimates_s[pick])
         if self._deps.shared_load is not None:
             self._spawn(self._deps.shared_load.add(pick, uncached))
         if self._deps.occupancy is not None:
@@ -414,11 +429,16 @@ class LocalDecider:
                         "prompt_tokens": routing.prompt_tokens,
                         "cached_tokens": decision.cached_tokens,
                         "estimates_s": {e: round(v, 4) for e, v in decision.estimates_s.items()},
+                        "ttft_ratio": round(self._ttft_ratio(decision.endpoints[0]), 3),
                         "scores": {e: round(v, 4) for e, v in decision.scores.items()},
                         "ms": {k: round(v * 1000, 3) for k, v in phases.items()},
                     }
                 )
             )
+
+    def _ttft_ratio(self, endpoint: EndpointId) -> float:
+        """The pick's measured actual / predicted TTFT so far (1.0 until calibration has measured it)."""
+        return self._deps.calibration.ratio(endpoint) if self._deps.calibration else 1.0
 
 
 def merged_phases(front_s: Mapping[str, float], decider_s: Mapping[str, float]) -> dict[str, float]:

@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from extproc.types import Decision, RoutingRequest
 
 PHASES = ("parse", "tokenize", "hash", "lookup", "score", "total")
+# |predicted - actual| / actual of one scrape interval's mean TTFT (``backends.calibration``)
+TTFT_ERROR_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
@@ -92,6 +94,31 @@ class RouterMetrics:
         self.endpoint_healthy = Gauge(
             "router_endpoint_healthy", "1 if the endpoint is eligible", ["endpoint"], registry=registry
         )
+        self.ttft_error = Histogram(
+            "router_ttft_error_ratio",
+            "Per endpoint and scrape interval: |mean predicted - mean actual TTFT| / actual (the engine's histogram)",
+            buckets=TTFT_ERROR_BUCKETS,
+            registry=registry,
+        )
+        self.ttft_seconds = Counter(
+            "router_ttft_seconds",
+            "Mean TTFT per compared scrape interval, summed: what the picker predicted and what the engine measured",
+            ["endpoint", "kind"],
+            registry=registry,
+        )
+        self.ttft_ratio = Gauge(
+            "router_ttft_actual_over_predicted",
+            "Running ratio of the engine's TTFT to the picker's prediction (1.0: the estimate is calibrated)",
+            ["endpoint"],
+            registry=registry,
+        )
+
+    def interval(self, endpoint: str, predicted_s: float, actual_s: float, ratio: float) -> None:
+        """One scrape interval's predicted and actual mean TTFT on ``endpoint`` (``backends.calibration``)."""
+        self.ttft_error.observe(abs(predicted_s - actual_s) / actual_s)
+        self.ttft_seconds.labels(endpoint, "predicted").inc(predicted_s)
+        self.ttft_seconds.labels(endpoint, "actual").inc(actual_s)
+        self.ttft_ratio.labels(endpoint).set(ratio)
 
 
 class CountersCollector(Collector):

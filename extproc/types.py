@@ -134,6 +134,9 @@ class Candidate:
     cached_blocks: int  # leading blocks of the request this endpoint holds (index lookup)
     precise: bool  # cached_blocks comes from the engine's own KV events, not our guesses
     shares: EndpointShares | None = None  # its cache by tenant class (None: bookkeeping off or not known)
+    # blocks of its prefix cache that recent requests hit (``backends.hot_blocks``): what a copy must not evict;
+    # None: not tracked (capacity unknown)
+    hot_blocks: int | None = None
 
 
 class Reason(enum.StrEnum):
@@ -143,6 +146,7 @@ class Reason(enum.StrEnum):
     LOAD = "load"  # no useful prefix anywhere: picked by load
     SPILL = "spill"  # a warm endpoint existed but was too busy; went cold
     SHARE = "share"  # tenant cache shares narrowed the candidates (kept off another class's protected blocks)
+    HOLD = "hold"  # the warm endpoint is busy, but no other has room for a copy: queue there, evict nothing
     NO_TOKENS = "no_tokens"  # tokenization failed or timed out; picked by load
     SHED = "shed"
     NO_ENDPOINT = "no_endpoint"

@@ -14,7 +14,7 @@ import os
 import re
 import time
 import urllib.request
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,18 +40,61 @@ def scrape(address: str, timeout_s: float = 5.0) -> dict[str, float]:
 _PICKER = re.compile(r"^(router_decisions_total|router_index_failures_total|router_predicted_cached_tokens_total)"
                      r"(\{[^}]*\})? ([0-9.eE+-]+)$", re.MULTILINE)  # fmt: skip
 PREDICTED_CACHED = "predicted_cached_tokens"  # the key of router_predicted_cached_tokens_total
+_TTFT_ERROR = re.compile(r'^router_ttft_error_ratio_(bucket\{le="([^"]+)"\}|sum|count) ([0-9.eE+-]+)$'
+                         r'|^router_ttft_seconds_total\{endpoint="[^"]*",kind="(predicted|actual)"\} ([0-9.eE+-]+)$',
+                         re.MULTILINE)  # fmt: skip
+
+
+def _metrics_pages(urls: Sequence[str]) -> Iterator[str]:
+    """Each picker's metrics page that answers (one that does not is skipped)."""
+    for url in urls:
+        try:
+            with urllib.request.urlopen(url, timeout=5.0) as resp:
+                yield resp.read().decode()
+        except OSError:
+            continue
+
+
+def picker_ttft_totals(urls: Sequence[str]) -> dict[str, float]:
+    """Our pickers' predicted-vs-actual TTFT totals (``router_ttft_error_ratio`` buckets, sum and count;
+    ``router_ttft_seconds_total`` by kind), summed over replicas; read before and after a cell."""
+    out: dict[str, float] = {}
+    for text in _metrics_pages(urls):
+        for part, le, value, kind, seconds in _TTFT_ERROR.findall(text):
+            key, v = (f"le={le}" if le else part, value) if part else (kind, seconds)
+            out[key] = out.get(key, 0.0) + float(v)
+    return out
+
+
+def ttft_error(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None] | None:
+    """A cell's TTFT estimate error from two ``picker_ttft_totals`` readings: per endpoint and scrape interval,
+    |mean predicted - mean actual| / actual: its mean (MAPE), p50 and p90 (upper bucket bounds), and the
+    ratio of actual to predicted; None when no interval was compared. A quantile past the last finite bucket
+    is None (JSON has no infinity)."""
+    d = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    n = d.get("count", 0.0)
+    if n <= 0:
+        return None
+    bounds = sorted((float(k[3:]), v) for k, v in d.items() if k.startswith("le="))
+
+    def quantile(q: float) -> float | None:
+        return next((b for b, c in bounds if c >= q * n and b != float("inf")), None)
+
+    pred = d.get("predicted", 0.0)
+    return {
+        "intervals": n,
+        "mape": round(d.get("sum", 0.0) / n, 3),
+        "p50_le": quantile(0.5),
+        "p90_le": quantile(0.9),
+        "actual_over_predicted": round(d.get("actual", 0.0) / pred, 3) if pred else 0.0,
+    }
 
 
 def picker_counters(urls: Sequence[str]) -> dict[str, float]:
     """Our pickers' decision reasons, index failures and predicted cached tokens (``PREDICTED_CACHED``: the
     prompt tokens the picker expected its pick to hold), summed over replicas (``{}`` for other routers)."""
     out: dict[str, float] = {}
-    for url in urls:
-        try:
-            with urllib.request.urlopen(url, timeout=5.0) as resp:
-                text = resp.read().decode()
-        except OSError:
-            continue
+    for text in _metrics_pages(urls):
         for name, labels, value in _PICKER.findall(text):
             key = name.removeprefix("router_").removesuffix("_total") + (labels or "")
             out[key] = out.get(key, 0.0) + float(value)

@@ -236,6 +236,12 @@ def _diagnostics(doc: dict[str, Any]) -> list[str]:
                     if "predicted_cached_tokens" in c:
                         pretty += (f"; predicted {c['predicted_cached_tokens']} cached tokens, the backends reported "
                                    f"{c['cached_tokens']}")  # fmt: skip
+                    err = c.get("ttft_estimate_error")
+                    if err:
+                        p50, p90 = (f"<= {q:g}" if q is not None else "> 5" for q in (err["p50_le"], err["p90_le"]))
+                        pretty += (f"; TTFT estimate error per endpoint-interval: mean {err['mape']:.0%}, p50 {p50}, "
+                                   f"p90 {p90}, actual/predicted "
+                                   f"{err['actual_over_predicted']:g} ({err['intervals']:g} intervals)")  # fmt: skip
                     lines.append(f"- {n} @ {c['offered_rate_rps']:g} rps, {policy}: {pretty}")
     return lines
 

@@ -225,6 +225,7 @@ def _cell(router: Router, backends: Backends, plan: Any, rate: float, opts: RunO
     before = measure.requests_done(backends.addresses)
     cpu0, envoy0 = measure.cpu_s(router.router_pids), measure.cpu_s(router.envoy_pids)
     picker0 = measure.picker_counters(router.metrics_urls)
+    ttft0 = measure.picker_ttft_totals(router.metrics_urls)
     span = max(s.start_s for s in plan.sessions)
     timeout = opts.request_timeout_s
     results, _wall = asyncio.run(replay(router.url, plan, concurrency=opts.concurrency, request_timeout_s=timeout,
@@ -244,6 +245,7 @@ def _cell(router: Router, backends: Backends, plan: Any, rate: float, opts: RunO
         counters = {k: int(v - picker0.get(k, 0.0)) for k, v in picker1.items() if v - picker0.get(k, 0.0)}
         cell["predicted_cached_tokens"] = counters.pop(measure.PREDICTED_CACHED, 0)
         cell["picker_counters"] = counters
+        cell["ttft_estimate_error"] = measure.ttft_error(ttft0, measure.picker_ttft_totals(router.metrics_urls))
     return cell
 
 

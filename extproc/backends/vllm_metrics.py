@@ -24,6 +24,7 @@ PREEMPTIONS = "vllm:num_preemptions_total"
 QUEUE_SUM, QUEUE_COUNT = "vllm:request_queue_time_seconds_sum", "vllm:request_queue_time_seconds_count"
 PREFILL_SUM, PREFILL_COUNT = "vllm:request_prefill_time_seconds_sum", "vllm:request_prefill_time_seconds_count"
 DECODE_SUM, DECODE_COUNT = "vllm:request_decode_time_seconds_sum", "vllm:request_decode_time_seconds_count"
+TTFT_SUM, TTFT_COUNT = "vllm:time_to_first_token_seconds_sum", "vllm:time_to_first_token_seconds_count"
 
 _WANTED = (
     RUNNING,
@@ -40,6 +41,8 @@ _WANTED = (
     PREFILL_SUM,
     PREFILL_COUNT,
     DECODE_SUM,
+    TTFT_SUM,
+    TTFT_COUNT,
     DECODE_COUNT,
 )
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -75,6 +78,7 @@ class EngineMetrics:
     queue_time: PhaseTotals | None = None
     prefill_time: PhaseTotals | None = None
     decode_time: PhaseTotals | None = None
+    ttft: PhaseTotals | None = None  # the engine's time to first token (arrival → first token), summed
 
 
 class MetricsParseError(ValueError):
@@ -147,6 +151,7 @@ def parse_metrics(text: str) -> EngineMetrics:
         queue_time=_phase(sums, QUEUE_SUM, QUEUE_COUNT),
         prefill_time=_phase(sums, PREFILL_SUM, PREFILL_COUNT),
         decode_time=_phase(sums, DECODE_SUM, DECODE_COUNT),
+        ttft=_phase(sums, TTFT_SUM, TTFT_COUNT),
     )
 
 

@@ -27,6 +27,7 @@ def build_profile(scheduling: SchedulingConfig, tenants: TenantsConfig | None = 
         fallbacks=scheduling.fallbacks,
         shed_ttft_s=scheduling.shed_ttft_s,
         shares=share_policy(tenants or TenantsConfig()),
+        copy_into_full_kv=p.copy_into_full_kv,
     )
 
 

@@ -33,6 +33,24 @@ def cached_tokens(candidate: Candidate, prompt_tokens: int, block_size: int) -> 
     return min(candidate.cached_blocks, usable_blocks) * block_size
 
 
+def copy_fits(candidate: Candidate, prompt_tokens: int, block_size: int) -> bool:
+    """Whether the candidate's prefix cache has room for the blocks this request would add there without evicting
+    a block that recent requests hit (``Candidate.hot_blocks``) or that running requests hold (``kv_usage``).
+
+    A copy that evicts another hot prefix makes that prefix's next request cold, and its placement evicts a
+    third: the spill cascade (``docs/scheduling.md``). Unknown capacity or hot set: no bound known, it fits.
+    """
+    capacity = candidate.endpoint.num_gpu_blocks
+    if capacity is None or candidate.hot_blocks is None:
+        return True
+    usable_blocks = max(prompt_tokens - 1, 0) // block_size
+    new_blocks = max(usable_blocks - candidate.cached_blocks, 0)
+    # Blocks running requests hold cannot be evicted either; counting them beside the hot set double-counts a
+    # hot prefix in use, which errs on the side of not copying.
+    in_use = candidate.load.kv_usage * capacity
+    return candidate.hot_blocks + in_use + new_blocks <= capacity
+
+
 def estimate_ttft_s(candidate: Candidate, prompt_tokens: int, block_size: int, params: EstimatorParams) -> float:
     """Estimated seconds until the first token if this request went to ``candidate`` now."""
     load = candidate.load

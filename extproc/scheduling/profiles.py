@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from extproc.errors import NoEndpoint, Overloaded
-from extproc.scheduling.estimate import EstimatorParams, cached_tokens, estimate_ttft_s
+from extproc.scheduling.estimate import EstimatorParams, cached_tokens, copy_fits, estimate_ttft_s
 from extproc.scheduling.scorers import SCORERS
 from extproc.scheduling.tenant_shares import SharePolicy, narrowed
 from extproc.types import Candidate, Decision, EndpointId, Reason, RoutingRequest
@@ -40,6 +40,7 @@ class TtftProfile:
     fallbacks: int
     shed_ttft_s: float
     shares: SharePolicy  # tenant cache shares (inactive unless a class is protected: tenant_shares.py)
+    copy_into_full_kv: bool
 
     def decide(self, request: RoutingRequest, candidates: Sequence[Candidate], rng: random.Random) -> Decision:
         _require(candidates)
@@ -55,9 +56,10 @@ class TtftProfile:
             for c in candidates
         }
         best = min(est.values())
-        if request.tenant.priority < 0 and best > self.shed_ttft_s:
-            raise Overloaded(f"all endpoints busy (estimated TTFT {best:.1f}s); sheddable request refused")
         pick, reason = self._pick(request, candidates, est, best, rng)
+        # Judged on the pick, not the best: a request held on its busy warm endpoint is the one that waits.
+        if request.tenant.priority < 0 and est[pick] > self.shed_ttft_s:
+            raise Overloaded(f"all endpoints busy (estimated TTFT {est[pick]:.1f}s); sheddable request refused")
         return _decision(request, candidates, pick, reason, est, self.fallbacks, estimates_s=est)
 
     def _pick(
@@ -72,14 +74,51 @@ class TtftProfile:
             return _spread(est, best, self.tie_epsilon_s, rng), Reason.NO_TOKENS
         warm = max(candidates, key=lambda c: (c.cached_blocks, -est[c.endpoint.id]))
         share = cached_tokens(warm, request.prompt_tokens, request.block_size) / request.prompt_tokens
-        if share < self.min_prefix_share:  # e.g. only a shared system prompt: cold, weigh load alone
-            return _spread(est, best, self.tie_epsilon_s, rng), Reason.LOAD
+        if share < self.min_prefix_share:  # e.g. only a shared system prompt: cold, a new prefix to place
+            return self._place(candidates, est, best, rng), Reason.LOAD
         warm_est = est[warm.endpoint.id]
         target = request.tenant.ttft_target_s
         if warm_est <= best + self.stickiness_s or (target is not None and warm_est <= target):
             return warm.endpoint.id, Reason.CACHE
-        pick = _spread(est, best, self.tie_epsilon_s, rng)
-        return pick, Reason.SPILL
+        move = self._move_costs(request, candidates, warm, est)
+        best_move = min(move.values())  # the warm endpoint is always a "move" at its own estimate
+        if warm_est <= best_move + self.stickiness_s:
+            return warm.endpoint.id, Reason.HOLD if warm_est > best + self.stickiness_s else Reason.CACHE
+        return _spread(move, best_move, self.tie_epsilon_s, rng), Reason.SPILL
+
+    def _place(
+        self, candidates: Sequence[Candidate], est: Mapping[EndpointId, float], best: float, rng: random.Random
+    ) -> EndpointId:
+        """Where a cold prompt goes: its prefix will attract the requests that share it, so among the endpoints
+        within ``stickiness_s`` of the best estimate, the one whose cache serves the least hot traffic (fewest
+        hot blocks); a momentary queue must not decide where a prefix lives (unbalanced placements overload one
+        endpoint for good once requests hold on their warm endpoints). Untracked hot sets: by estimate alone."""
+        near = [c for c in candidates if est[c.endpoint.id] <= best + self.stickiness_s]
+        if any(c.hot_blocks is None for c in near):
+            return _spread(est, best, self.tie_epsilon_s, rng)
+        least = min(c.hot_blocks or 0 for c in near)
+        coldest = {c.endpoint.id: est[c.endpoint.id] for c in near if c.hot_blocks == least}
+        return _spread(coldest, min(coldest.values()), self.tie_epsilon_s, rng)
+
+    def _move_costs(
+        self, request: RoutingRequest, candidates: Sequence[Candidate], warm: Candidate, est: Mapping[EndpointId, float]
+    ) -> dict[EndpointId, float]:
+        """The estimates of the endpoints a request may leave its warm endpoint for (``docs/scheduling.md``).
+
+        A move copies the prefix, so it must not feed the spill cascade: the target needs room for the copy
+        (a copy that evicts another hot prefix makes that prefix's next request cold, and so on) and idle
+        capacity for its prefill (on a busy target the copy's extra prefill is a backlog every later request
+        there waits behind, and at saturation it never drains). An endpoint that holds as much of the prompt
+        as the warm one copies nothing and is always a move.
+        """
+        prompt, bs = request.prompt_tokens, request.block_size
+        out: dict[EndpointId, float] = {}
+        for c in candidates:
+            copies_nothing = c.cached_blocks >= warm.cached_blocks
+            idle = c.load.waiting == 0 and c.load.queued_prefill_tokens == 0
+            if copies_nothing or self.copy_into_full_kv or (idle and copy_fits(c, prompt, bs)):
+                out[c.endpoint.id] = est[c.endpoint.id]
+        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,9 +42,12 @@ def cand(
     known: bool = True,
     kv: float = 0.0,
     waiting: int = 0,
+    capacity: int | None = None,
+    hot: int | None = None,
 ) -> Candidate:
     load = LoadSnapshot(known=known, queued_prefill_tokens=queued, kv_usage=kv, waiting=waiting)
-    return Candidate(Endpoint(eid), load, cached_blocks=cached, precise=True)
+    endpoint = Endpoint(eid, num_gpu_blocks=capacity)
+    return Candidate(endpoint, load, cached_blocks=cached, precise=True, hot_blocks=hot)
 
 
 def req(tokens: int = 1600, tenant: Tenant | None = None) -> RoutingRequest:
@@ -92,7 +95,35 @@ TABLE = [
     ("longest-prefix-wins-among-warm", [cand(A, 20), cand(B, 99), cand(C, 50)], B, Reason.CACHE),
     # The leading-space edit: only the system prompt's block matches; that is cold, so load decides.
     ("system-prompt-only-is-cold", [cand(A, 1, queued=500), cand(B, 0)], B, Reason.LOAD),
-]
+    # B is the least busy, but not idle: the copy's prefill would be a backlog its later requests wait behind.
+    ("spill-needs-an-idle-target", [cand(A, 99, queued=50000), cand(B, 0, queued=3000)], A, Reason.HOLD),
+    ("spill-skips-the-busy-endpoint",
+     [cand(A, 99, queued=50000), cand(B, 0, queued=3000), cand(C, 0, waiting=0)], C, Reason.SPILL),
+    # A new prefix goes where the least hot traffic lives, within the stickiness of the best estimate.
+    ("cold-prefix-placed-by-hot-traffic",
+     [cand(A, 0, capacity=600, hot=400), cand(B, 0, queued=1000, capacity=600, hot=100)], B, Reason.LOAD),
+    ("cold-prefix-not-placed-on-a-swamped-endpoint",
+     [cand(A, 0, capacity=600, hot=400), cand(B, 0, queued=9000, capacity=600, hot=100)], A, Reason.LOAD),
+    # The spill cascade's first step, refused: B's cache is full (600 of 600), the copy would evict a prefix.
+    ("busy-warm-holds-when-no-cache-has-room",
+     [cand(A, 99, queued=50000, capacity=600, hot=600), cand(B, 0, capacity=600, hot=600)], A, Reason.HOLD),
+    # B's hot set leaves room for the 99 new blocks (500 + 99 <= 600): the copy evicts only dead weight.
+    ("busy-warm-spills-where-the-copy-fits",
+     [cand(A, 99, queued=50000, capacity=600, hot=600), cand(B, 0, capacity=600, hot=500)], B, Reason.SPILL),
+    # Only C has room: the spill goes there, not to the equally idle but full B.
+    ("spill-skips-the-full-endpoint",
+     [cand(A, 99, queued=50000), cand(B, 0, capacity=600, hot=600), cand(C, 0, waiting=0)], C, Reason.SPILL),
+    # Two full copies: the less busy one is the warm pick; idle C would need an eviction, so it holds there.
+    ("two-copies-hold-on-the-less-busy-one",
+     [cand(A, 99, queued=50000, capacity=600, hot=600), cand(B, 99, queued=40000, capacity=600, hot=600),
+      cand(C, 0, capacity=600, hot=600)], B, Reason.HOLD),
+    # Capacity known, hot set not tracked: no bound known, the spill goes ahead as before.
+    # 400 hot + 99 new fit in 600, but running requests hold another 30% (180 blocks): no room.
+    ("blocks-in-use-leave-no-room",
+     [cand(A, 99, queued=50000, capacity=600, hot=600), cand(B, 0, capacity=600, hot=400, kv=0.3)], A, Reason.HOLD),
+    ("untracked-hot-set-does-not-hold",
+     [cand(A, 99, queued=50000, capacity=600), cand(B, 0, capacity=600)], B, Reason.SPILL),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(("candidates", "pick", "reason"), [t[1:] for t in TABLE], ids=[t[0] for t in TABLE])
@@ -136,6 +167,20 @@ def test_sheddable_tenant_is_refused_when_everything_is_swamped() -> None:
     with pytest.raises(Overloaded):
         profile.decide(req(tenant=Tenant("bulk", priority=-1)), candidates, random.Random(0))
     assert profile.decide(req(tenant=Tenant("vip", priority=1)), candidates, random.Random(0)).endpoints
+
+
+def test_copy_into_full_kv_restores_the_old_spill() -> None:
+    candidates = [cand(A, 99, queued=50000, capacity=600, hot=600), cand(B, 0, capacity=600, hot=600)]
+    decision = replace(DEFAULT, copy_into_full_kv=True).decide(req(), candidates, random.Random(0))
+    assert (decision.endpoints[0], decision.reason) == (B, Reason.SPILL)
+
+
+def test_a_held_sheddable_request_is_shed_rather_than_copied() -> None:
+    candidates = [cand(A, 99, queued=60000, capacity=600, hot=600), cand(B, 0, capacity=600, hot=600)]
+    profile = replace(DEFAULT, shed_ttft_s=5.0)  # A ~6 s (held), B idle but full
+    with pytest.raises(Overloaded):
+        profile.decide(req(tenant=Tenant("bulk", priority=-1)), candidates, random.Random(0))
+    assert profile.decide(req(tenant=Tenant("vip", priority=1)), candidates, random.Random(0)).reason == Reason.HOLD
 
 
 def test_no_tokens_routes_by_load() -> None:

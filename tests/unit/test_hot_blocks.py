@@ -1,0 +1,56 @@
+"""The hot set a copy must not evict: blocks hit since fewer than ``capacity`` blocks were stored."""
+
+import pytest
+
+from extproc.backends.hot_blocks import HotBlocks
+from extproc.types import BlockHash, EndpointId
+
+A, B = EndpointId("a:1"), EndpointId("b:1")
+
+
+def hashes(start: int, n: int) -> list[BlockHash]:
+    return [BlockHash(i) for i in range(start, start + n)]
+
+
+def test_unknown_capacity_is_not_tracked() -> None:
+    hot = HotBlocks(lambda e: None)
+    hot.routed(A, hashes(0, 10), cached_blocks=10, placed=False)
+    assert hot.hot(A) is None
+
+
+def test_only_hits_are_hot_and_a_prefix_counts_once() -> None:
+    hot = HotBlocks(lambda e: 100)
+    prefix = hashes(0, 20)
+    hot.routed(A, prefix + hashes(1000, 5), cached_blocks=0, placed=False)  # cold: stored, nothing hot yet
+    assert hot.hot(A) == 0
+    for user in range(3):  # three users of the same prefix, each with their own question
+        hot.routed(A, prefix + hashes(2000 + 10 * user, 5), cached_blocks=20, placed=False)
+    assert hot.hot(A) == 20
+    assert hot.hot(B) == 0
+
+
+@pytest.mark.parametrize(
+    ("stored_after", "still_hot"),
+    [(99, 20), (100, 0)],
+    ids=["lru-has-not-cycled-past-it", "capacity-stored-since-its-last-hit"],
+)
+def test_a_hit_cools_once_capacity_blocks_were_stored_since(stored_after: int, still_hot: int) -> None:
+    hot = HotBlocks(lambda e: 100)
+    hot.routed(
+        A, hashes(0, 20) + hashes(500, 21), cached_blocks=20, placed=False
+    )  # its 21 stored blocks count as older
+    hot.routed(A, hashes(10_000, stored_after), cached_blocks=0, placed=False)
+    assert hot.hot(A) == still_hot
+
+
+def test_a_placed_prefix_is_hot_at_once() -> None:
+    hot = HotBlocks(lambda e: 100)
+    hot.routed(A, hashes(0, 20), cached_blocks=0, placed=True)
+    assert hot.hot(A) == 20
+
+
+def test_forget_drops_the_endpoint() -> None:
+    hot = HotBlocks(lambda e: 100)
+    hot.routed(A, hashes(0, 20), cached_blocks=20, placed=False)
+    hot.forget(A)
+    assert hot.hot(A) == 0
