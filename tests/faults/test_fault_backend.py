@@ -35,7 +35,9 @@ class Stream:
 
 
 async def stream(session: aiohttp.ClientSession, url: str, n: int) -> Stream:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": f"Story {n}: " + "tell me more " * 10}],
+    """A long stream on the document: the first follows its cache to the warm backend, so some stream is there
+    when it dies (unique prompts are placed away from a backend's hot traffic, so none would be)."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": DOC + f"Story {n}: " + "tell me more " * 10}],
             "max_tokens": 80, "stream": True, "ignore_eos": True}  # fmt: skip
     out, t0 = Stream(), time.monotonic()
     try:
@@ -108,7 +110,8 @@ async def test_backend_killed_mid_stream_then_restarted(make_stack: StackFactory
         await asyncio.to_thread(stack.restart_backend, warm)
         await asyncio.sleep(0.5)  # a few scrape intervals: healthy again
         count = len(stack.envoy.wait_for_access_log(before_later + len(later)))
-        status, cached = await ask(session, url, "And the conclusion?")  # the document only `warm` ever held
+        status, cached = await ask(session, url, "And the conclusion?")  # the document `warm` held (streams may
+        # have copied it to `live` too: either way the prediction must match what the serving engine reports)
         entry = stack.envoy.wait_for_access_log(count + 1)[-1]
         assert status == 200
         # Purged: no phantom cache predicted anywhere (it would have sent us to the restarted, empty engine).
