@@ -46,6 +46,7 @@ from extproc.types import (
     Route,
     RoutingRequest,
     Tenant,
+    TokenIds,
 )
 
 log = logging.getLogger("extproc.decision")
@@ -77,6 +78,20 @@ class Ask:
     subset: frozenset[EndpointId] | None = None
     phases_s: Mapping[str, float] = field(default_factory=dict)
     body_head: bytes = b""
+
+    def routing(self, tenant: Tenant, token_ids: TokenIds | None = None) -> RoutingRequest:
+        """The request as the decision (and the diagnostics, with ``token_ids``) read it."""
+        return RoutingRequest(
+            request_id=self.request_id, model=self.model, base_model=self.base_model, lora=self.lora,
+            prompt_tokens=self.prompt_tokens, block_hashes=self.block_hashes, block_size=self.scheme.block_size,
+            tenant=tenant, subset=self.subset, token_ids=token_ids,
+        )  # fmt: skip
+
+
+def count_rejection(metrics: RouterMetrics, request_id: str, exc: RouterError) -> None:
+    """A refused request: counted by status and logged as one decision line (either half of the router)."""
+    metrics.rejections.labels(str(exc.status)).inc()
+    log.info(json.dumps({"request_id": request_id, "rejected": exc.status, "error": exc.message}))
 
 
 class SchemeChanged(Exception):
@@ -163,22 +178,11 @@ class LocalDecider:
         if ask.block_hashes and current != ask.scheme:
             raise SchemeChanged(current)
         timer = PhaseTimer(self._clock)
-        routing = RoutingRequest(
-            request_id=ask.request_id,
-            model=ask.model,
-            base_model=ask.base_model,
-            lora=ask.lora,
-            prompt_tokens=ask.prompt_tokens,
-            block_hashes=ask.block_hashes,
-            block_size=ask.scheme.block_size,
-            tenant=self._deps.tenant_for(ask.tenant_id),
-            subset=ask.subset,
-        )
+        routing = ask.routing(self._deps.tenant_for(ask.tenant_id))
         try:
             decision, precise, split = await self._decide(routing, timer)
         except RouterError as exc:
-            self._deps.metrics.rejections.labels(str(exc.status)).inc()
-            log.info(json.dumps({"request_id": ask.request_id, "rejected": exc.status, "error": exc.message}))
+            count_rejection(self._deps.metrics, ask.request_id, exc)
             raise
         disagg = split is not None and split.prefill is not None
         await self._record(routing, decision, precise, prefilled_elsewhere=disagg)

@@ -9,7 +9,6 @@ front workers (``extproc.workers``) each worker process runs a ``Router`` whose 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from extproc import wire
-from extproc.decider import Ask, Decider, DeciderSettings, SchemeChanged
+from extproc.decider import Ask, Decider, DeciderSettings, SchemeChanged, count_rejection
 from extproc.errors import RouterError
 from extproc.kvcache.hashing import Unhashable
 from extproc.observability import PhaseTimer, RouterMetrics
@@ -127,8 +126,7 @@ class Router:
         try:
             prepared = await self._deps.preparer.prepare(request, self._tokenize_budget(request))
         except RouterError as exc:
-            self._deps.metrics.rejections.labels(str(exc.status)).inc()
-            log.info(json.dumps({"request_id": request.request_id, "rejected": exc.status, "error": exc.message}))
+            count_rejection(self._deps.metrics, request.request_id, exc)
             raise
         timer.mark("tokenize", split_first=("parse", prepared.parse_s))
         scheme = self._deps.scheme_for(prepared.base_model)
@@ -143,17 +141,8 @@ class Router:
             ask = self._ask(request, prepared, changed.scheme, hashes, timer)
             route = await self.decider.decide(ask)
         if self._deps.diagnose is not None and isinstance(route, Route):
-            self._deps.diagnose(self._diagnosed(ask, prepared))
+            self._deps.diagnose(ask.routing(Tenant(ask.tenant_id), prepared.token_ids))
         return route
-
-    @staticmethod
-    def _diagnosed(ask: Ask, prepared: PreparedPrompt) -> RoutingRequest:
-        """What the prefix-stability hook reads: the routed request with its tokens (never sent to the decider)."""
-        return RoutingRequest(
-            request_id=ask.request_id, model=ask.model, base_model=ask.base_model, lora=ask.lora,
-            prompt_tokens=ask.prompt_tokens, block_hashes=ask.block_hashes, block_size=ask.scheme.block_size,
-            tenant=Tenant(ask.tenant_id), subset=ask.subset, token_ids=prepared.token_ids,
-        )  # fmt: skip
 
     def _ask(
         self,
