@@ -1,6 +1,6 @@
 """Render the Envoy bootstraps shipped under ``deploy/`` (compose, Kubernetes). Run from the repo root:
 
-    .venv/bin/python -m deploy.render     # rewrites deploy/compose/envoy.yaml and deploy/k8s/envoy/envoy.yaml
+    .venv/bin/python -m deploy.render     # rewrites every file in RENDERED (compose, k8s, P/D, Istio)
 
 Both start from ``extproc envoy-config``'s renderer (``render_bootstrap``), so they carry the same filter chain,
 retries and limits as every other Envoy we ship. ``tests/deploy/test_manifests.py`` fails if a committed file
