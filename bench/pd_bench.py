@@ -2,7 +2,7 @@
 
     python -m bench.pd_bench --out bench/results/pd-2p2d --requests-scale 1.0
     python -m bench.pd_bench --out DIR --targets ours_pd,ours_aggregated --workloads long,long-peak
-
+    python -m bench.pd_bench --out DIR --prefill 3 --decode 1     # another ratio; aggregated = their sum
 
 Three targets, started together and fed the same requests in turn (one invocation):
 
@@ -205,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=16)
     parser.add_argument("--workloads", default=",".join(w.name for w in WORKLOADS), help="comma-separated names")
     parser.add_argument("--targets", default=",".join(TARGETS), help="comma-separated, from " + ", ".join(TARGETS))
+    parser.add_argument("--prefill", type=int, default=2, help="prefill instances (the aggregated fleet: the sum)")
+    parser.add_argument("--decode", type=int, default=2, help="decode instances")
     args = parser.parse_args(argv)
     chosen, names = args.targets.split(","), args.workloads.split(",")
     unknown = {*chosen} - {*TARGETS} | {*names} - {w.name for w in WORKLOADS}
@@ -212,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown target or workload: {sorted(unknown)}")
     workdir = Path(tempfile.mkdtemp(prefix="pd-bench-"))
     results: dict[str, dict[str, Any]] = {}
-    with Stack(_spec(2, 2), workdir / "pd") as pd_stack, Stack(_spec(4, 0), workdir / "agg") as agg_stack:
+    fleets = (_spec(args.decode, args.prefill), _spec(args.decode + args.prefill, 0))
+    with Stack(fleets[0], workdir / "pd") as pd_stack, Stack(fleets[1], workdir / "agg") as agg_stack:
         router_url, router = start_vllm_router_pd(pd_stack, workdir) if "vllm_router_pd" in chosen else ("", None)
         try:
             urls = {"ours_pd": pd_stack.url, "ours_aggregated": agg_stack.url, "vllm_router_pd": router_url}
@@ -227,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
                     results[f"{w.name}/{name}"] = {"workload": w.__dict__, "target": name, **summary}
                     print(json.dumps(results[f"{w.name}/{name}"]), flush=True)
             results["_picker_pd_decisions"] = {"log": _pd_reasons(pd_stack)}
+            results["_pools"] = {"prefill": args.prefill, "decode": args.decode}
         finally:
             if router is not None:
                 router.stop()
