@@ -1,6 +1,8 @@
 """P/D side by side: 2 prefill + 2 decode against 4 aggregated simulated H100s, same hardware model.
 
     python -m bench.pd_bench --out bench/results/pd-2p2d --requests-scale 1.0
+    python -m bench.pd_bench --out DIR --targets ours_pd,ours_aggregated --workloads long,long-peak
+    python -m bench.pd_bench --out DIR --prefill 3 --decode 1     # another ratio; aggregated = their sum
 
 Three targets, started together and fed the same requests in turn (one invocation):
 
@@ -60,7 +62,11 @@ WORKLOADS = (
     Workload("long", prompt_tokens=8192, output_tokens=256, rate=0.6, requests=36),
     Workload("long-busy", prompt_tokens=8192, output_tokens=256, rate=1.0, requests=30),
     Workload("short", prompt_tokens=128, output_tokens=256, rate=4.0, requests=60),
+    # far above what either fleet serves: the requests queue, and output tokens/s is the fleet's peak
+    Workload("long-peak", prompt_tokens=8192, output_tokens=256, rate=4.0, requests=40),
+    Workload("short-peak", prompt_tokens=128, output_tokens=256, rate=30.0, requests=150),
 )
+TARGETS = ("ours_pd", "ours_aggregated", "vllm_router_pd")
 
 
 @dataclass
@@ -197,14 +203,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("bench/results/pd-2p2d"))
     parser.add_argument("--requests-scale", type=float, default=1.0, help="fewer (<1) or more requests per run")
     parser.add_argument("--seed", type=int, default=16)
+    parser.add_argument("--workloads", default=",".join(w.name for w in WORKLOADS), help="comma-separated names")
+    parser.add_argument("--targets", default=",".join(TARGETS), help="comma-separated, from " + ", ".join(TARGETS))
+    parser.add_argument("--prefill", type=int, default=2, help="prefill instances (the aggregated fleet: the sum)")
+    parser.add_argument("--decode", type=int, default=2, help="decode instances")
     args = parser.parse_args(argv)
+    chosen, names = args.targets.split(","), args.workloads.split(",")
+    unknown = {*chosen} - {*TARGETS} | {*names} - {w.name for w in WORKLOADS}
+    if unknown:
+        parser.error(f"unknown target or workload: {sorted(unknown)}")
     workdir = Path(tempfile.mkdtemp(prefix="pd-bench-"))
     results: dict[str, dict[str, Any]] = {}
-    with Stack(_spec(2, 2), workdir / "pd") as pd_stack, Stack(_spec(4, 0), workdir / "agg") as agg_stack:
-        router_url, router = start_vllm_router_pd(pd_stack, workdir)
+    fleets = (_spec(args.decode, args.prefill), _spec(args.decode + args.prefill, 0))
+    with Stack(fleets[0], workdir / "pd") as pd_stack, Stack(fleets[1], workdir / "agg") as agg_stack:
+        router_url, router = start_vllm_router_pd(pd_stack, workdir) if "vllm_router_pd" in chosen else ("", None)
         try:
-            targets = {"ours_pd": pd_stack.url, "ours_aggregated": agg_stack.url, "vllm_router_pd": router_url}
-            for w in WORKLOADS:
+            urls = {"ours_pd": pd_stack.url, "ours_aggregated": agg_stack.url, "vllm_router_pd": router_url}
+            targets = {name: urls[name] for name in chosen}
+            for w in (w for w in WORKLOADS if w.name in names):
                 w = Workload(w.name, w.prompt_tokens, w.output_tokens, w.rate,
                              max(4, round(w.requests * args.requests_scale)))  # fmt: skip
                 for name, url in targets.items():
@@ -214,8 +230,10 @@ def main(argv: list[str] | None = None) -> int:
                     results[f"{w.name}/{name}"] = {"workload": w.__dict__, "target": name, **summary}
                     print(json.dumps(results[f"{w.name}/{name}"]), flush=True)
             results["_picker_pd_decisions"] = {"log": _pd_reasons(pd_stack)}
+            results["_pools"] = {"prefill": args.prefill, "decode": args.decode}
         finally:
-            router.stop()
+            if router is not None:
+                router.stop()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (args.out / "report.md").write_text(report(results))

@@ -1,6 +1,6 @@
 """Render the Envoy bootstraps shipped under ``deploy/`` (compose, Kubernetes). Run from the repo root:
 
-    .venv/bin/python -m deploy.render     # rewrites deploy/compose/envoy.yaml and deploy/k8s/envoy/envoy.yaml
+    .venv/bin/python -m deploy.render     # rewrites every file in RENDERED (compose, k8s, P/D, Istio)
 
 Both start from ``extproc envoy-config``'s renderer (``render_bootstrap``), so they carry the same filter chain,
 retries and limits as every other Envoy we ship. ``tests/deploy/test_manifests.py`` fails if a committed file
@@ -8,6 +8,8 @@ differs from a fresh render, and runs ``envoy --mode validate`` on each.
 
 - **compose**: model servers at fixed container IPs on the compose network; the picker cluster is the DNS
   alias ``picker`` that both picker replicas carry, so STRICT_DNS yields one host per replica.
+- **P/D** (``docker-compose.pd.yml``, ``deploy/k8s/pd-envoy``): the same, with the model-server cluster listing
+  only the decode pods (their sidecar port): Envoy never sends to a prefill pod, the sidecar does.
 - **Kubernetes**: the model-server cluster is STRICT_DNS on the vLLM pods' headless Service. Its A records are
   the ready pods' IPs, so the cluster's hosts are exactly the ``ip:port`` values the picker names, which is all
   override_host needs. The picker cluster is STRICT_DNS on the picker's headless Service, so Envoy balances
@@ -28,18 +30,21 @@ DEPLOY = Path(__file__).resolve().parent
 # compose: the user-defined network's fixed addresses (docker-compose.yml, networks.llm)
 COMPOSE_MODEL_SERVERS = ("172.28.0.11:8000", "172.28.0.12:8000")
 COMPOSE_PICKER = ("picker", 9002)
+# docker-compose.pd.yml: the decode pods (the llm-d sidecar's port), on that file's own network
+COMPOSE_PD_DECODE = ("172.29.0.21:8000", "172.29.0.22:8000")
 
 # Kubernetes (namespace llm; deploy/k8s/base + deploy/k8s/envoy)
 K8S_NAMESPACE = "llm"
 K8S_MODEL_SERVERS = (f"vllm-pods.{K8S_NAMESPACE}.svc.cluster.local", 8000)
 K8S_PICKER = (f"llm-picker-pods.{K8S_NAMESPACE}.svc.cluster.local", 9002)
+K8S_PD_DECODE = (f"vllm-decode-pods.{K8S_NAMESPACE}.svc.cluster.local", 8000)  # deploy/k8s/pd-envoy: the sidecars
 DNS_REFRESH_S = 5  # how soon a new or removed model-server pod shows up in Envoy's cluster
 HEADER = "# Rendered by `python -m deploy.render`; regenerate it rather than edit it (see docs/deploy.md).\n"
 
 
-def compose_options() -> EnvoyOptions:
+def compose_options(endpoints: tuple[str, ...] = COMPOSE_MODEL_SERVERS) -> EnvoyOptions:
     return EnvoyOptions(
-        endpoints=COMPOSE_MODEL_SERVERS,
+        endpoints=endpoints,
         listen_host="0.0.0.0",
         listen_port=10000,
         admin_host="0.0.0.0",
@@ -54,7 +59,7 @@ def compose_bootstrap() -> dict[str, Any]:
     return render_bootstrap(compose_options())
 
 
-def k8s_bootstrap() -> dict[str, Any]:
+def k8s_bootstrap(model_servers: tuple[str, int] = K8S_MODEL_SERVERS) -> dict[str, Any]:
     """Our bootstrap with the model-server cluster turned into STRICT_DNS over the headless Service."""
     placeholder = "192.0.2.1:8000"  # replaced below; EnvoyOptions wants IP literals for model servers
     boot = render_bootstrap(
@@ -74,7 +79,7 @@ def k8s_bootstrap() -> dict[str, Any]:
             cluster.pop("type", None)
             cluster["cluster_type"] = _strict_dns()
         if cluster["name"] == keys.MODEL_CLUSTER:
-            host, port = K8S_MODEL_SERVERS
+            host, port = model_servers
             lb_endpoint = {"endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}}
             cluster["load_assignment"]["endpoints"] = [{"lb_endpoints": [lb_endpoint]}]
     return boot
@@ -197,6 +202,10 @@ def istio_text(mode: str) -> str:
 RENDERED: dict[Path, Callable[[], str]] = {
     DEPLOY / "compose" / "envoy.yaml": lambda: HEADER + to_yaml(compose_bootstrap()),
     DEPLOY / "k8s" / "envoy" / "envoy.yaml": lambda: HEADER + to_yaml(k8s_bootstrap()),
+    DEPLOY / "compose" / "envoy-pd.yaml": lambda: (
+        HEADER + to_yaml(render_bootstrap(compose_options(COMPOSE_PD_DECODE)))
+    ),
+    DEPLOY / "k8s" / "pd-envoy" / "envoy.yaml": lambda: HEADER + to_yaml(k8s_bootstrap(K8S_PD_DECODE)),
     DEPLOY / "istio" / "envoyfilter-gateway.yaml": lambda: istio_text("gateway"),
     DEPLOY / "istio" / "envoyfilter-sidecar.yaml": lambda: istio_text("sidecar"),
 }

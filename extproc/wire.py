@@ -32,6 +32,10 @@ PREFILLER_HEADER: Final = "x-prefiller-host-port"
 """Request header (llm-d's P/D convention): ``ip:port`` of the prefill pod; the decode pod's sidecar runs the
 prefill leg there first. Absent: the decode pod runs the request locally."""
 
+LEGACY_PREFILLER_HEADER: Final = "x-prefiller-url"
+"""The older spelling of ``PREFILLER_HEADER`` that llm-d's sidecar still reads when the new one is absent. The
+picker never sets it; it (and Envoy's strip filter) removes a client-sent one."""
+
 ROLE_LABEL: Final = "llm-d.ai/role"
 """Kubernetes pod label llm-d uses for an endpoint's P/D role (``prefill``, ``decode``, ``prefill-decode``)."""
 

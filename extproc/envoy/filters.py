@@ -69,10 +69,12 @@ def http_filters(opts: EnvoyOptions) -> list[HttpFilter]:
 
 
 def _strip_destination(opts: EnvoyOptions) -> HeaderMutation:
-    """Remove any client-sent destination header before ext_proc runs: only the picker may set it. With
-    ``tenant_header``, the client's tenant header goes too (and ``tenant``, if given, is set in its place), so a
-    client cannot claim another tenant's class (docs/tenants.md)."""
-    edits = [HeaderEdit(remove=wire.DESTINATION_HEADER)]
+    """Remove any client-sent destination or prefill-pod header before ext_proc runs: only the picker may set
+    them. With ``tenant_header``, the client's tenant header goes too (and ``tenant``, if given, is set in its
+    place), so a client cannot claim another tenant's class (docs/tenants.md)."""
+    # the P/D sidecar's prefill-pod headers too: with the picker failing open nothing else would remove them
+    picks = (wire.DESTINATION_HEADER, wire.PREFILLER_HEADER, wire.LEGACY_PREFILLER_HEADER)
+    edits = [HeaderEdit(remove=header) for header in picks]
     if opts.tenant_header:
         edits.append(HeaderEdit(remove=opts.tenant_header))
         if opts.tenant:

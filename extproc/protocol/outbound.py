@@ -38,10 +38,10 @@ def route_mutation(route: Route) -> tuple[pb.CommonResponse, struct_pb2.Struct]:
     value = ",".join(route.endpoints)
     headers = [set_header(wire.DESTINATION_HEADER, value)]
     headers += [set_header(k.lower(), v) for k, v in route.headers.items()]
-    # A client's own x-prefiller-host-port would send the decode sidecar's prefill leg wherever it says: only the
-    # picker names a prefill pod, so one we did not set is removed.
+    # A client's own x-prefiller-host-port (or its older spelling, which the sidecar still reads) would send the
+    # decode sidecar's prefill leg wherever it says: only the picker names a prefill pod, so one we did not set goes.
     ours = {k.lower() for k in route.headers}
-    remove = [] if wire.PREFILLER_HEADER in ours else [wire.PREFILLER_HEADER]
+    remove = [h for h in (wire.PREFILLER_HEADER, wire.LEGACY_PREFILLER_HEADER) if h not in ours]
     common = pb.CommonResponse(header_mutation=pb.HeaderMutation(set_headers=headers, remove_headers=remove))
     metadata = struct_pb2.Struct()
     metadata.update({wire.LB_NAMESPACE: {wire.DESTINATION_METADATA_KEY: value}})

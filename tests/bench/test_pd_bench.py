@@ -30,3 +30,17 @@ def test_pd_pools_get_the_connector_and_decode_the_sidecar_and_the_picker_their_
     config = picker_config(["127.0.0.1:1", "127.0.0.1:2"], roles={"127.0.0.1:2": "prefill"})
     roles = [e.role for e in RouterConfig.model_validate(config).endpoints]
     assert roles == ["both", "prefill"]
+
+
+def test_repeat_summary_takes_ratios_within_each_run_and_medians_across() -> None:
+    from bench.pd_repeat import report as repeat_report
+
+    def run(pd_tok: float, agg_tok: float) -> dict[str, dict[str, float]]:
+        return {
+            "peak/ours_pd": {"output_tokens_per_s": pd_tok},
+            "peak/ours_aggregated": {"output_tokens_per_s": agg_tok},
+        }
+
+    text = repeat_report([run(100, 200), run(300, 300), run(150, 200)])
+    assert "| peak | ours_pd | 3 | - | - | - | - | 150 [100-300] |" in text
+    assert "| peak | - | - | - | - | 0.750 [0.500-1.000] |" in text

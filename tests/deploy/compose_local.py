@@ -30,11 +30,12 @@ from tests.support.envoy import EnvoyProcess
 from tests.support.http import http_ok
 
 COMPOSE = REPO / "docker-compose.yml"
+PD_COMPOSE = REPO / "docker-compose.pd.yml"  # the P/D shape: prefill and decode pools, llm-d's sidecar
 NETWORK = "llm"
 
 
-def load_compose() -> dict[str, Any]:
-    data: dict[str, Any] = yaml.safe_load(COMPOSE.read_text())
+def load_compose(path: Path = COMPOSE) -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(path.read_text())
     return data
 
 
@@ -246,9 +247,9 @@ def _start_envoy(stack: LocalStack, name: str, svc: dict[str, Any]) -> None:
 
 
 @contextlib.contextmanager
-def run_profile(profile: str, workdir: Path) -> Iterator[LocalStack]:
+def run_profile(profile: str, workdir: Path, compose: Path = COMPOSE) -> Iterator[LocalStack]:
     """Start the profile's services in dependency order (redis, model servers, pickers, Envoy); stop them all."""
-    services = profile_services(load_compose(), profile)
+    services = profile_services(load_compose(compose), profile)
     stack = LocalStack(workdir)
     order = sorted(services, key=lambda n: (_rank(services[n]), n))
     try:

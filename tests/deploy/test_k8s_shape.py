@@ -55,13 +55,14 @@ def _container(kind: str, name: str, path: Path) -> dict[str, Any]:
 class Pods:
     """vLLM "pods": the Deployment's command and args through vllm-sim, one loopback IP each, one shared port."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, container: dict[str, Any] | None = None) -> None:
+        """``container``: the pod's model-server container (default: deploy/k8s/base's vLLM)."""
         self.workdir = workdir
         self.port, self.pub, self.replay = self._ports()
         self.running: dict[str, ManagedProcess] = {}
-        container = _container("Deployment", "vllm", K8S / "base" / "vllm.yaml")
+        container = container or _container("Deployment", "vllm", K8S / "base" / "vllm.yaml")
         self.args: list[str] = container["args"]
-        self.env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+        self.env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
 
     @staticmethod
     def _ports() -> tuple[int, int, int]:
@@ -102,14 +103,16 @@ def picker_config(dns_port: int, pods: Pods, grpc: int, metrics: int, redis_port
     return config
 
 
-def envoy_config(dns_port: int, pods: Pods, grpc: int, listen: int, admin: int, log: Path) -> dict[str, Any]:
-    boot = copy.deepcopy(yaml.safe_load((K8S / "envoy" / "envoy.yaml").read_text()))
+def envoy_config(
+    dns_port: int, ports: dict[str, int], listen: int, admin: int, log: Path, path: Path = K8S / "envoy" / "envoy.yaml"
+) -> dict[str, Any]:
+    """The rendered bootstrap at ``path`` on loopback: ``ports`` maps each STRICT_DNS name to its local port."""
+    boot = copy.deepcopy(yaml.safe_load(path.read_text()))
     boot["admin"]["address"]["socket_address"] = {"address": "127.0.0.1", "port_value": admin}
     listener = boot["static_resources"]["listeners"][0]
     listener["address"]["socket_address"] = {"address": "127.0.0.1", "port_value": listen}
     for access_log in listener["filter_chains"][0]["filters"][0]["typed_config"]["access_log"]:
         access_log["typed_config"]["path"] = str(log)
-    ports = {VLLM_NAME: pods.port, PICKER_NAME: grpc}
     for cluster in boot["static_resources"]["clusters"]:
         sa = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
         sa["port_value"] = ports[sa["address"]]
@@ -147,7 +150,7 @@ def cluster(tmp_path: Path) -> Iterator[dict[str, Any]]:
         picker = ManagedProcess("picker", argv, tmp_path / "picker.log", cwd=REPO)
         picker.start(lambda: bool(picker.log_matches(PICKER_READY.pattern)), timeout_s=90)
         log = tmp_path / "envoy" / "access.log"
-        boot = envoy_config(dns.port, pods, grpc, listen, admin, log)
+        boot = envoy_config(dns.port, {VLLM_NAME: pods.port, PICKER_NAME: grpc}, listen, admin, log)
         opts = EnvoyOptions(endpoints=("127.0.0.1:1",), listen_port=listen, admin_port=admin, access_log_path=str(log))
         envoy = EnvoyProcess(opts, tmp_path / "envoy", config=boot).start()
         yield {"dns": dns, "pods": pods, "envoy": envoy, "picker": picker, "metrics": metrics}

@@ -24,11 +24,13 @@ from tests.deploy.manifests import (
     DEPLOY,
     REPO,
     SHAPES,
-    Objects,
+    check_model_server,
     container,
     container_port,
     fqdn,
+    k8s_picker,
     pods_selected,
+    router_config,
     service_target,
     shape,
 )
@@ -47,35 +49,8 @@ def _load_render() -> Any:
 
 
 render = _load_render()
-YAML_FILES = sorted([*DEPLOY.rglob("*.yaml"), REPO / "docker-compose.yml"])
+YAML_FILES = sorted([*DEPLOY.rglob("*.yaml"), REPO / "docker-compose.yml", REPO / "docker-compose.pd.yml"])
 DOCKERFILES = sorted(DEPLOY.rglob("*.Dockerfile"))
-
-
-def _config(text: str) -> RouterConfig:
-    return RouterConfig.model_validate(yaml.safe_load(text))
-
-
-def _model_args(config: RouterConfig) -> dict[str, str]:
-    model = config.models[0]
-    return {
-        "model": model.name,
-        "--block-size": str(model.block_size),
-        "--prefix-caching-hash-algo": str(model.hash_algo),
-        "PYTHONHASHSEED": str(model.hash_seed),
-    }
-
-
-def _check_model_server(args: list[str], env: dict[str, str], config: RouterConfig) -> None:
-    """A model server's command line and environment hash blocks as the picker expects."""
-    want = _model_args(config)
-    assert args[0] == want["model"], "served model = the picker's models[0].name"
-    assert flag(args, "--block-size") == want["--block-size"]
-    assert flag(args, "--prefix-caching-hash-algo") == want["--prefix-caching-hash-algo"]
-    assert "--enable-prefix-caching" in args
-    assert "--enable-prompt-tokens-details" in args, "clients (and our tests) read cached_tokens"
-    assert env.get("PYTHONHASHSEED") == want["PYTHONHASHSEED"], "NONE_HASH seed = models[0].hash_seed"
-    kv = json.loads(flag(args, "--kv-events-config"))
-    assert kv["enable_kv_cache_events"] is True and kv["publisher"] == "zmq"
 
 
 # -- every file ------------------------------------------------------------------------------------------------
@@ -97,7 +72,12 @@ def test_rendered_files_are_fresh(path: Path) -> None:
 
 @pytest.mark.envoy
 @pytest.mark.parametrize(
-    "path", [DEPLOY / "compose" / "envoy.yaml", DEPLOY / "k8s" / "envoy" / "envoy.yaml"], ids=["compose", "k8s"]
+    "path",
+    [
+        DEPLOY / f
+        for f in ("compose/envoy.yaml", "k8s/envoy/envoy.yaml", "compose/envoy-pd.yaml", "k8s/pd-envoy/envoy.yaml")
+    ],
+    ids=["compose", "k8s", "compose-pd", "k8s-pd"],
 )
 def test_envoy_bootstraps_validate(path: Path) -> None:
     result = validate(path)
@@ -132,7 +112,7 @@ def test_istio_envoyfilter_fragments_validate_in_a_bootstrap(mode: str, tmp_path
 
 # -- docker-compose.yml -----------------------------------------------------------------------------------------
 def _compose_picker() -> RouterConfig:
-    return _config((DEPLOY / "compose" / "picker.yaml").read_text())
+    return router_config((DEPLOY / "compose" / "picker.yaml").read_text())
 
 
 def test_compose_model_servers_agree_with_the_picker_and_envoy() -> None:
@@ -154,7 +134,7 @@ def test_compose_model_servers_agree_with_the_picker_and_envoy() -> None:
         for name, svc in servers.items():
             args = list(svc["command"])
             args_seen.append(args)
-            _check_model_server(args, svc["environment"], config)
+            check_model_server(args, svc["environment"], config)
             ip, port = svc["networks"]["llm"]["ipv4_address"], flag(args, "--port")
             address = f"{ip}:{port}"
             addresses.add(address)
@@ -265,24 +245,14 @@ def test_kustomize_builds_each_shape(name: str) -> None:
     assert {"Deployment", "Service", "ConfigMap"} <= kinds
 
 
-def _k8s_picker(objects: Objects) -> tuple[dict[str, Any], RouterConfig]:
-    deployment = objects.get("Deployment", "llm-picker")
-    volume = next(v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "config")
-    mount = next(m for m in container(deployment)["volumeMounts"] if m["name"] == "config")
-    path = flag(container(deployment)["args"], "--config")
-    assert path.startswith(mount["mountPath"] + "/")
-    data = objects.get("ConfigMap", volume["configMap"]["name"])["data"]
-    return deployment, _config(data[path.rsplit("/", 1)[1]])
-
-
 @pytest.mark.parametrize("name", ["k8s/envoy", "istio", "envoy-gateway", "gie"])
 def test_k8s_picker_vllm_and_redis_agree(name: str) -> None:
     objects = shape(name)
-    picker, config = _k8s_picker(objects)
+    picker, config = k8s_picker(objects)
     vllm = objects.get("Deployment", "vllm")
     env = {e["name"]: e["value"] for e in container(vllm)["env"] if "value" in e}
     args = container(vllm)["args"]
-    _check_model_server(args, env, config)
+    check_model_server(args, env, config)
     compose_args = load_compose()["services"]["vllm-0"]["command"]
     assert args == compose_args, "one model-server command line in compose and Kubernetes"
     dns = config.discovery.dns
@@ -323,7 +293,7 @@ def test_k8s_envoy_reaches_the_picker_and_the_model_servers_by_their_headless_se
         ]
         return sa["address"], sa["port_value"]
 
-    _, config = _k8s_picker(objects)
+    _, config = k8s_picker(objects)
     assert target("extproc") == (fqdn("llm-picker-pods"), config.listen.grpc_port)
     assert objects.get("Service", "llm-picker-pods")["spec"]["clusterIP"] == "None"
     assert target("picked") == (fqdn("vllm-pods"), config.discovery.dns.port)  # type: ignore[union-attr]
@@ -379,7 +349,7 @@ def test_envoy_gateway_references_resolve() -> None:
     backend = objects.get("Backend", ext["backendRefs"][0]["name"])
     endpoint = backend["spec"]["endpoints"][0]["fqdn"]
     assert endpoint["hostname"] == fqdn("llm-picker")
-    _, config = _k8s_picker(objects)
+    _, config = k8s_picker(objects)
     assert service_target(objects, "llm-picker", endpoint["port"])[1] == config.listen.grpc_port
     assert "envoy.lb" in ext["metadata"]["writableNamespaces"]
     assert not (ext.get("failOpen") and ext["processingMode"]["request"]["body"] == "FullDuplexStreamed")
@@ -395,7 +365,7 @@ def test_gie_pool_points_at_the_picker_and_the_vllm_pods() -> None:
     vllm = objects.get("Deployment", "vllm")
     assert pods_selected(objects, pool["selector"]["matchLabels"]) == [vllm]
     assert [p["number"] for p in pool["targetPorts"]] == [container_port(vllm, "http")]
-    picker, config = _k8s_picker(objects)
+    picker, config = k8s_picker(objects)
     ref = pool["endpointPickerRef"]
     assert ref["kind"] == "Service" and service_target(objects, ref["name"], ref["port"]["number"]) == (
         picker,

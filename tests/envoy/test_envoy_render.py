@@ -81,13 +81,14 @@ def test_strip_filter_runs_before_ext_proc_and_router_is_last() -> None:
         "envoy.filters.http.router",
     ]
     strip = _filter(render_bootstrap(_opts()), "envoy.filters.http.header_mutation")
-    assert strip["mutations"]["request_mutations"] == [{"remove": wire.DESTINATION_HEADER}]
+    picks = [wire.DESTINATION_HEADER, wire.PREFILLER_HEADER, wire.LEGACY_PREFILLER_HEADER]
+    assert strip["mutations"]["request_mutations"] == [{"remove": h} for h in picks]  # only the picker sets them
 
 
 def test_a_client_sent_tenant_header_is_stripped_and_can_be_set_by_envoy() -> None:
     strip = _filter(render_bootstrap(_opts(tenant_header=wire.TENANT_HEADER)), "envoy.filters.http.header_mutation")
-    assert strip["mutations"]["request_mutations"] == [{"remove": wire.DESTINATION_HEADER},
-                                                       {"remove": wire.TENANT_HEADER}]  # fmt: skip
+    removed = [wire.DESTINATION_HEADER, wire.PREFILLER_HEADER, wire.LEGACY_PREFILLER_HEADER, wire.TENANT_HEADER]
+    assert strip["mutations"]["request_mutations"] == [{"remove": h} for h in removed]
     fixed = _filter(render_bootstrap(_opts(tenant_header=wire.TENANT_HEADER, tenant="premium")),
                     "envoy.filters.http.header_mutation")  # fmt: skip
     assert fixed["mutations"]["request_mutations"][-1] == {

@@ -38,7 +38,8 @@ def test_route_mutation_sets_header_metadata_and_summary() -> None:
     assert json.loads(json.dumps(dict(md.fields["envoy.lb"].struct_value))) == {
         "x-gateway-destination-endpoint": "1.1.1.1:80,2.2.2.2:80"
     }
-    assert list(common.header_mutation.remove_headers) == ["x-prefiller-host-port"]  # a client's, never passed on
+    # a client's, never passed on (the sidecar still reads the older x-prefiller-url when the new one is absent)
+    assert list(common.header_mutation.remove_headers) == ["x-prefiller-host-port", "x-prefiller-url"]
 
 
 def test_the_prefill_pod_the_picker_names_is_set_not_removed() -> None:
@@ -46,7 +47,7 @@ def test_the_prefill_pod_the_picker_names_is_set_not_removed() -> None:
     common, _ = outbound.route_mutation(route)
     assert ("x-prefiller-host-port", b"3.3.3.3:80") in [(h.header.key, h.header.raw_value)
                                                        for h in common.header_mutation.set_headers]  # fmt: skip
-    assert list(common.header_mutation.remove_headers) == []
+    assert list(common.header_mutation.remove_headers) == ["x-prefiller-url"]
 
 
 @pytest.mark.parametrize(
