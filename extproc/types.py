@@ -107,6 +107,13 @@ class EndpointShares:
     used_blocks: int = 0
     by_class: Mapping[str, int] = field(default_factory=dict)
     inflight_uncached: Mapping[str, float] = field(default_factory=dict)
+    # {class: blocks we routed there that no event has confirmed yet}: a home exists from its first request,
+    # not from the engine's first BlockStored (the flood landed there in between: docs/tenants.md)
+    pending_by_class: Mapping[str, int] = field(default_factory=dict)
+
+    def held(self, cls: str) -> int:
+        """Blocks ``cls`` holds there or is about to (confirmed plus pending)."""
+        return self.by_class.get(cls, 0) + self.pending_by_class.get(cls, 0)
 
 
 @dataclass(frozen=True, slots=True)

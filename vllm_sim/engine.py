@@ -65,12 +65,15 @@ def request_record(req: SimRequest) -> dict[str, Any]:
     """The model's view of a finished (or running) request, for ``GET /sim/requests``."""
     ttft = None if req.first_token_s is None else req.first_token_s - req.arrival_s
     e2e = None if req.finish_s is None else req.finish_s - req.arrival_s
+    queue = None if req.scheduled_s is None else req.scheduled_s - req.arrival_s
     return {
+        "arrival_s": req.arrival_s,  # the engine loop's clock (monotonic): orders one server's requests
         "prompt_tokens": len(req.prompt_token_ids),
         "cached_tokens": max(req.num_cached_tokens, 0),
         "output_tokens": req.num_output_tokens,
         "num_preemptions": req.num_preemptions,
         "model_ttft_s": ttft,
+        "model_queue_s": queue,  # arrival → the first step that ran it (the rest of the TTFT is its prefill)
         "model_e2e_s": e2e,
         "finish_reason": req.finish_reason,
     }

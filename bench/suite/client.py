@@ -20,7 +20,7 @@ import aiohttp
 from bench.stack_config import MODEL
 from bench.suite.words import render
 from bench.suite.workloads import Call, Plan, Session
-from extproc.wire import TENANT_HEADER
+from extproc.wire import REQUEST_ID_HEADER, TENANT_HEADER
 
 
 @dataclass(slots=True)
@@ -35,6 +35,7 @@ class Result:
     cached_tokens: int = 0
     expected_prompt_tokens: int = 0
     error: str = ""
+    response_id: str = ""  # the backend's completion id (the simulator's ``GET /sim/requests`` key)
 
 
 async def _one(http: aiohttp.ClientSession, url: str, call: Call, t0: float, planned: float,
@@ -44,7 +45,9 @@ async def _one(http: aiohttp.ClientSession, url: str, call: Call, t0: float, pla
     res = Result(call.rid, False, planned, expected_prompt_tokens=len(call.ids))
     sent = t0 + planned
     try:
-        headers = {TENANT_HEADER: call.tenant} if call.tenant else None
+        headers = {REQUEST_ID_HEADER: call.rid}  # the picker's decision line names the plan's request
+        if call.tenant:
+            headers[TENANT_HEADER] = call.tenant
         async with http.post(f"{url}/v1/completions", json=body, headers=headers,
                              timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:  # fmt: skip
             if resp.status != 200:
@@ -58,6 +61,7 @@ async def _one(http: aiohttp.ClientSession, url: str, call: Call, t0: float, pla
                 if data == b"[DONE]":
                     break
                 chunk = json.loads(data)
+                res.response_id = res.response_id or str(chunk.get("id") or "")
                 if res.ttft_s is None and any(c.get("text") for c in chunk.get("choices") or ()):
                     res.ttft_s = time.perf_counter() - sent
                 usage = chunk.get("usage")

@@ -14,8 +14,10 @@ Two writers, one owner (the composition root), both on the event loop:
 
 Shapes: ``_owned = {endpoint: {block_hash: class}}``; ``_counts = {endpoint: {class: blocks}}``;
 ``_pending = {endpoint: OrderedDict{block_hash: (class, routed_at_s)}}``, oldest first, bounded by
-``pending_ttl_s`` and ``_PENDING_MAX`` per endpoint. cache_salt is untouched: the hashes are vLLM's own, salt
-included, so two classes sharing a salt-free prefix share its blocks (the first to store one owns it).
+``pending_ttl_s`` and ``_PENDING_MAX`` per endpoint; ``_pending_counts = {endpoint: {class: pending blocks}}``
+(kept beside it, so a view costs a few classes, not a walk of the pending blocks). cache_salt is untouched:
+the hashes are vLLM's own, salt included, so two classes sharing a salt-free prefix share its blocks (the first
+to store one owns it).
 
 ``view(endpoint)`` is the frozen ``EndpointShares`` a ``Candidate`` carries into the pure decision.
 """
@@ -64,6 +66,7 @@ class Occupancy:
         self._owned: dict[EndpointId, dict[BlockHash, str]] = {}
         self._counts: dict[EndpointId, dict[str, int]] = {}
         self._pending: dict[EndpointId, OrderedDict[BlockHash, tuple[str, float]]] = {}
+        self._pending_counts: dict[EndpointId, dict[str, int]] = {}
         self._queues: dict[EndpointId, dict[str, tuple[float, float]]] = {}  # {class: (tokens, updated_at_s)}
         self._last_writer: dict[EndpointId, str] = {}
         self._counters: dict[tuple[str, EndpointId], ClassCounters] = {}
@@ -78,6 +81,7 @@ class Occupancy:
             used_blocks=len(owned) if owned else 0,
             by_class=dict(self._counts.get(endpoint, {})),
             inflight_uncached={cls: self._drained(t, at, now) for cls, (t, at) in queues.items()},
+            pending_by_class=dict(self._pending_counts.get(endpoint, {})),
         )
 
     def routed(self, endpoint: EndpointId, cls: str, hashes: Sequence[BlockHash], cached_blocks: int,
@@ -95,11 +99,16 @@ class Occupancy:
             queues[cls] = (self._drained(tokens, at, now) + uncached_tokens, now)
             self._last_writer[endpoint] = cls
         pending = self._pending.setdefault(endpoint, OrderedDict())
+        counts = self._pending_counts.setdefault(endpoint, {})
         for h in hashes[cached_blocks:]:
             if h not in owned:
+                before = pending.get(h)
+                if before is not None:
+                    _uncount(counts, before[0])
                 pending[h] = (cls, now)
                 pending.move_to_end(h)
-        self._expire(pending, now)
+                counts[cls] = counts.get(cls, 0) + 1
+        self._expire(pending, counts, now)
 
     def counters(self) -> Iterator[tuple[str, EndpointId, ClassCounters]]:
         for (cls, endpoint), c in self._counters.items():
@@ -116,10 +125,13 @@ class Occupancy:
         owned = self._owned.setdefault(endpoint, {})
         counts = self._counts.setdefault(endpoint, {})
         pending = self._pending.get(endpoint)
+        pending_counts = self._pending_counts.get(endpoint, {})
         for h in hashes:
             if h in owned:
                 continue
             entry = pending.pop(h, None) if pending is not None else None
+            if entry is not None:
+                _uncount(pending_counts, entry[0])
             cls = entry[0] if entry is not None else UNATTRIBUTED
             owned[h] = cls
             counts[cls] = counts.get(cls, 0) + 1
@@ -145,23 +157,32 @@ class Occupancy:
         self._owned.pop(endpoint, None)
         self._counts.pop(endpoint, None)
         self._pending.pop(endpoint, None)
+        self._pending_counts.pop(endpoint, None)
 
     # -- helpers ---------------------------------------------------------------------------------------------
     def _drained(self, tokens: float, at_s: float, now_s: float) -> float:
         return max(0.0, tokens - self._rate * (now_s - at_s))
 
-    def _expire(self, pending: OrderedDict[BlockHash, tuple[str, float]], now_s: float) -> None:
+    def _expire(self, pending: OrderedDict[BlockHash, tuple[str, float]], counts: dict[str, int],
+                now_s: float) -> None:  # fmt: skip
         while pending:
             _h, (_cls, at) = next(iter(pending.items()))
             if now_s - at <= self._ttl_s and len(pending) <= _PENDING_MAX:
                 return
             pending.popitem(last=False)
+            _uncount(counts, _cls)
 
     def _counter(self, cls: str, endpoint: EndpointId) -> ClassCounters:
         c = self._counters.get((cls, endpoint))
         if c is None:
             c = self._counters[(cls, endpoint)] = ClassCounters()
         return c
+
+
+def _uncount(counts: dict[str, int], cls: str) -> None:
+    counts[cls] -= 1
+    if not counts[cls]:
+        del counts[cls]
 
 
 class AttributedWrites:

@@ -39,6 +39,25 @@ def test_routed_blocks_are_owned_once_the_engine_stores_them() -> None:
     assert occ.view(B).by_class == {}  # attribution is per endpoint
 
 
+def test_pending_blocks_are_counted_by_class_until_stored_expired_or_cleared() -> None:
+    clock = Clock()
+    occ = occupancy(clock)
+    occ.routed(A, "premium", H[:4], cached_blocks=0, uncached_tokens=64)
+    occ.routed(A, "batch", H[2:6], cached_blocks=0, uncached_tokens=64)  # re-routed blocks move to batch
+    view = occ.view(A)
+    assert view.pending_by_class == {"premium": 2, "batch": 4} and view.held("premium") == 2
+    occ.stored(A, H[:3])
+    view = occ.view(A)
+    assert view.by_class == {"premium": 2, "batch": 1} and view.pending_by_class == {"batch": 3}
+    assert view.held("batch") == 4
+    clock.now = 31.0
+    occ.routed(B, "premium", H[:1], 0, 16)
+    occ.routed(A, "premium", H[8:9], 0, 16)  # expires the 31-second-old pending blocks
+    assert occ.view(A).pending_by_class == {"premium": 1}
+    occ.cleared(A)
+    assert occ.view(A).pending_by_class == {} and occ.view(B).pending_by_class == {"premium": 1}
+
+
 def test_a_removal_counts_the_owner_and_the_likeliest_cause() -> None:
     occ = occupancy()
     occ.routed(A, "premium", H[:4], 0, 64)

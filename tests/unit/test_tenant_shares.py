@@ -38,8 +38,10 @@ def shares(used: int = 1000, premium: int = 0, batch: int = 0, inflight_batch: f
     return EndpointShares(used, by_class, {"batch": inflight_batch} if inflight_batch else {})
 
 
-def cand(eid: EndpointId, s: EndpointShares | None, cached: int = 0, queued: float = 0.0) -> Candidate:
-    load = LoadSnapshot(known=True, queued_prefill_tokens=queued)
+def cand(
+    eid: EndpointId, s: EndpointShares | None, cached: int = 0, queued: float = 0.0, running: int = 0
+) -> Candidate:
+    load = LoadSnapshot(running=running, known=True, queued_prefill_tokens=queued)
     return Candidate(Endpoint(eid, num_gpu_blocks=CAPACITY), load, cached, precise=True, shares=s)
 
 
@@ -147,5 +149,79 @@ def test_the_profile_says_share_when_it_narrowed() -> None:
     decision = profile.decide(batch(budget=None), candidates, random.Random(0))
     assert decision.endpoints[0] == B and decision.reason is Reason.SHARE
     candidates = [cand(A, shares(premium=300, batch=700), queued=9000.0), cand(B, shares(batch=1000))]
-    alone = profile.decide(req("premium"), candidates, random.Random(0))
-    assert alone.endpoints[0] == A  # premium goes home, past the idler B
+    warm = [cand(A, shares(premium=300, batch=700), cached=90, queued=9000.0), cand(B, shares(batch=1000))]
+    alone = profile.decide(req("premium"), warm, random.Random(0))
+    assert alone.endpoints[0] == A  # a warm prompt goes home, past the idler B
+    cold = profile.decide(req("premium"), candidates, random.Random(0))
+    assert cold.endpoints[0] == B and cold.reason is Reason.SHARE  # a cold one does not queue at a busy home
+
+
+def pending(used: int = 0, premium: int = 0, batch: int = 0) -> EndpointShares:
+    by_class = {k: v for k, v in (("premium", premium), ("batch", batch)) if v}
+    return EndpointShares(used, {}, {}, by_class)
+
+
+HOME_BUSY = 800.0  # half the request's own prefill queued there
+
+
+@pytest.mark.parametrize(
+    ("request_", "candidates", "expected"),
+    [
+        (batch(budget=None), [cand(A, shares(used=100, premium=100)), cand(B, shares(batch=1000))], [B]),
+        (batch(budget=None), [cand(A, pending(premium=60)), cand(B, shares(batch=1000))], [B]),
+        (
+            batch(budget=None),
+            [
+                cand(A, shares(used=800, premium=300, batch=500)),
+                cand(B, shares(premium=700, batch=300)),
+                cand(C, shares(premium=500, batch=500)),
+            ],
+            [A],
+        ),
+        (
+            batch(budget=None),
+            [
+                cand(A, shares(used=800, premium=300, batch=500)),
+                cand(B, shares(premium=550, batch=450)),
+                cand(C, shares(batch=1000)),
+            ],
+            [C],
+        ),
+        (
+            req("premium"),
+            [
+                cand(A, shares(premium=300), queued=HOME_BUSY),
+                cand(B, shares(batch=1000)),
+                cand(C, shares(batch=1000), running=1),
+            ],
+            [A, B],
+        ),
+        (req("premium"), [cand(A, pending(premium=60), queued=HOME_BUSY), cand(B, shares())], [A, B]),
+        (req("premium"), [cand(A, shares(premium=300), queued=HOME_BUSY, cached=90), cand(B, shares())], [A]),
+        (req("premium"), [cand(A, shares(premium=300), queued=HOME_BUSY - 1), cand(B, shares())], [A]),
+        (
+            req("premium"),
+            [
+                cand(A, shares(premium=300), queued=HOME_BUSY),
+                cand(B, shares(), queued=48.0),
+                cand(C, shares(used=1000, premium=0, batch=1000), running=2),
+            ],
+            [A],
+        ),
+    ],
+    ids=[
+        "batch-kept-off-a-filling-home",
+        "pending-blocks-make-a-home",
+        "room-left-where-premium-is-at-its-share",
+        "room-reserved-while-premium-is-under-it",
+        "cold-premium-may-open-a-home-on-an-idle-endpoint",
+        "a-pending-home-counts-too",
+        "warm-premium-stays-home",
+        "home-not-busy-stays-home",
+        "no-idle-endpoint-under-a-flood",
+    ],
+)
+def test_homes_and_room(request_: RoutingRequest, candidates: list[Candidate], expected: list[EndpointId]) -> None:
+    """Issue 14's second round: homes exist from the first routed request, keep the room their class may still
+    fill, and a cold prompt of a protected class does not queue behind a busy home while an endpoint idles."""
+    assert [c.endpoint.id for c in narrowed(request_, candidates, POLICY)] == expected

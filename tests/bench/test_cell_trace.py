@@ -1,0 +1,34 @@
+"""``bench.cell_trace``'s pure parts: reading decision lines, joining the three views of a request, the summary."""
+
+import json
+
+from bench.cell_trace import decisions, join, summary
+from bench.suite.client import Result
+from bench.suite.workloads import Call, Plan, Session
+
+
+def test_decision_lines_are_read_by_request_id_and_other_lines_skipped() -> None:
+    line = {"request_id": "p0", "tenant": "premium", "endpoint": "a:1", "reason": "share", "ms": {"total": 0.9}}
+    log = "\n".join([
+        "2026-12-02 05:56:25,749 INFO extproc.decision " + json.dumps(line),
+        '2026-12-02 05:56:25,750 INFO extproc.decision {"request_id": "x", "rejected": 429, "error": "busy"}',
+        "2026-12-02 05:56:25,751 INFO extproc.app ready",
+        '2026-12-02 05:56:25,752 INFO extproc.decision {"request_id": "cut',
+    ])  # fmt: skip
+    assert decisions(log) == {"p0": line}
+
+
+def test_join_and_summary_split_client_ttft_into_queue_prefill_and_overhead() -> None:
+    plan = Plan("t", (Session(0.0, (Call("p0", (1, 2), 4, "premium"),)), Session(0.1, (Call("b0", (3,), 4, "batch"),))))
+    results = [
+        Result("b0", True, 0.1, ttft_s=0.5, response_id="cmpl-b"),
+        Result("p0", True, 0.0, ttft_s=0.3, response_id="cmpl-p"),
+    ]
+    served = {"cmpl-p": ("a:1", {"arrival_s": 5.0, "model_queue_s": 0.1, "model_ttft_s": 0.25})}
+    rows = join(plan, results, served, {"p0": {"endpoint": "a:1", "reason": "share", "ms": {"total": 0.9}}})
+    assert [r["rid"] for r in rows] == ["p0", "b0"]
+    assert rows[0]["backend"] == "a:1" and rows[0]["reason"] == "share" and rows[0]["picker_ms"] == 0.9
+    assert rows[1]["backend"] == "" and rows[1]["model_ttft_s"] is None  # no record: left out of the summary
+    text = summary(rows)
+    assert "premium: n 1  p90 ttft 0.300  queue 0.100  prefill 0.150  overhead 0.050  per backend {'a:1': 1}" in text
+    assert "batch: n 0" in text
