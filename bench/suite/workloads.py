@@ -353,8 +353,11 @@ def noisy_plan(rate: float, step: int, seed: int, p: dict[str, float]) -> Plan:
     prefixes = [_words(rng, int(p["prefix"])) for _ in range(int(p["prefixes"]))]
     n_premium = int(p["premium_calls"])
     span_s = n_premium / p["premium_rps"]
+    # Premium's arrivals come from their own seed, the same in every rung, so "premium alone" and "premium under
+    # the flood" compare one premium sequence (its token ids stay salted per rung, as every workload's are).
+    premium_times = _poisson(random.Random(f"noisy/{seed}/premium"), p["premium_rps"], n_premium)
     sessions = []
-    for i, t in enumerate(_poisson(rng, p["premium_rps"], n_premium)):
+    for i, t in enumerate(premium_times):
         ids = prefixes[i % len(prefixes)] + _words(rng, int(p["question"]))
         sessions.append(Session(t, (Call(f"noisy-{step}-p{i}", ids, int(p["output"]), "premium"),)))
     for i, t in enumerate(_poisson(rng, rate, round(rate * span_s)) if rate > 0 else []):

@@ -40,6 +40,15 @@ def test_plans_are_deterministic_and_salted_per_rung(name: str) -> None:
     assert 0.0 <= a.ceiling_cached_share() < 1.0
 
 
+def test_noisy_premium_arrives_alike_in_every_rung() -> None:
+    def premium(rate: float, step: int) -> list[tuple[float, int]]:
+        plan = WORKLOADS["noisy"].plan(rate, step, 7, True)
+        return [(s.start_s, len(s.calls[0].ids)) for s in plan.sessions if s.calls[0].tenant == "premium"]
+
+    assert premium(0.0, 0) == premium(12.0, 2)
+    assert len(premium(12.0, 2)) < len(WORKLOADS["noisy"].plan(12.0, 2, 7, True).sessions)
+
+
 @pytest.mark.parametrize(
     ("prompts", "expected"),
     [
