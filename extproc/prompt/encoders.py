@@ -8,7 +8,8 @@ faster encoder (``fastokens``: Rust, the same ``tokenizer.json``) is used only o
 - ``self_check`` compares both on a corpus (``check_corpus``: adversarial text and every added token) at load;
   a tokenizer that differs once runs on HF;
 - ``ShadowCheck`` re-encodes a sampled fraction of live requests with HF on a background thread, off the hot
-  path; a mismatch is counted, logged, and switches that model to HF for good.
+  path; a mismatch is counted, logged, and switches that model to HF for good. The same machinery checks the
+  fast chat-template renderer (``templates.py``): anything ``Verified`` can be offered to it.
 
 Both encoders return ``TokenIds``: the fast one an ``array('I')`` (built from one flat buffer, no per-token
 Python object), HF a ``list``. Either is a ``Sequence[int]`` of plain ints, which is what hashing needs.
@@ -24,7 +25,7 @@ from array import array
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 __all__ = [
     "ENCODER_FAST",
@@ -35,6 +36,7 @@ __all__ = [
     "ShadowCheck",
     "TextEncoder",
     "TokenIds",
+    "Verified",
     "check_corpus",
     "self_check",
 ]
@@ -42,6 +44,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 TokenIds = Sequence[int]
+T = TypeVar("T")
 ENCODER_HF = "hf"
 ENCODER_FAST = "fastokens"
 
@@ -165,6 +168,10 @@ def self_check(fast: TextEncoder, reference: TextEncoder, texts: Iterable[str]) 
     return None
 
 
+def _token_difference(ours: TokenIds, ref: TokenIds) -> str | None:
+    return None if list(ours) == list(ref) else _first_difference(ours, ref)
+
+
 def _first_difference(ours: Sequence[int], ref: Sequence[int]) -> str:
     at = next((i for i, (a, b) in enumerate(zip(ours, ref, strict=False)) if a != b), min(len(ours), len(ref)))
     return f"{len(ours)} vs {len(ref)} tokens, first difference at token {at}"
@@ -183,6 +190,7 @@ class EncoderChoice:
     fast: TextEncoder | None = None
     fallback_reason: str | None = None  # why HF is used although a fast encoder was considered
     shadow: ShadowCheck | None = None
+    check: ClassVar[str] = "encoder"  # the shadow check's label for this kind of fast path
 
     @property
     def current(self) -> TextEncoder:
@@ -196,7 +204,10 @@ class EncoderChoice:
         encoder = self.current
         ids = encoder.encode(text, add_special_tokens=add_special_tokens)
         if self.shadow is not None and encoder is not self.reference:
-            self.shadow.offer(self, text, add_special_tokens, ids)
+            self.shadow.offer(
+                self, f"{len(text)} chars", ids,
+                lambda: self.reference.encode(text, add_special_tokens=add_special_tokens), _token_difference,
+            )  # fmt: skip
         return ids
 
     def fall_back(self, reason: str) -> None:
@@ -206,18 +217,32 @@ class EncoderChoice:
                         self.model, reason)  # fmt: skip
 
 
-class ShadowCheck:
-    """Re-encodes a sampled ``fraction`` of requests with the reference on ``executor`` and compares.
+class Verified(Protocol):
+    """A model's fast path as ``ShadowCheck`` sees it: whose it is, its kind, and how it gives up."""
 
-    ``offer`` is called on the hot path (by ``EncoderChoice.encode``, for fast encodings only) with what the
-    fast encoder returned; it only samples and submits.
-    ``on_result(model, matched)`` is called from the executor's thread (a metrics counter). At most
-    ``max_pending`` checks are queued: under load checks are skipped, never the requests.
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def check(self) -> str: ...  # "encoder" | "template": the label of router_tokenizer_checks
+
+    def fall_back(self, reason: str) -> None: ...
+
+
+class ShadowCheck:
+    """Redoes a sampled ``fraction`` of fast-path results with the reference on ``executor`` and compares.
+
+    One instance serves every ``Verified`` fast path (encoders: ``EncoderChoice``; chat templates:
+    ``templates.TemplateChoice``), so they share one thread, one queue bound and one CPU budget.
+    ``offer`` is called on the hot path with what the fast path returned; it only samples and submits.
+    ``on_result(model, check, matched)`` is called from the executor's thread (a metrics counter; ``check`` is
+    the subject's kind, "encoder" or "template"). At most ``max_pending`` checks are queued: under load checks
+    are skipped, never the requests.
 
     CPU budget: the checks together spend at most ``max_cpu_share`` of one core (a token bucket of CPU seconds,
     refilled at that rate, holding at most ``burst_s``; each check pays its own thread's CPU time after it ran).
     The reference costs ~1 µs per token here, so a 1% sample of 32K-token prompts would otherwise cost 1.2 ms
-    per request; a sampled request that finds the bucket empty is skipped (``on_skip(model)``).
+    per request; a sampled request that finds the bucket empty is skipped (``on_skip(model, check)``).
     """
 
     def __init__(
@@ -225,8 +250,8 @@ class ShadowCheck:
         fraction: float,
         executor: Executor,
         *,
-        on_result: Callable[[str, bool], None] = lambda model, matched: None,
-        on_skip: Callable[[str], None] = lambda model: None,
+        on_result: Callable[[str, str, bool], None] = lambda model, check, matched: None,
+        on_skip: Callable[[str, str], None] = lambda model, check: None,
         rng: random.Random | None = None,
         max_pending: int = 4,
         max_cpu_share: float = 1.0,
@@ -249,18 +274,25 @@ class ShadowCheck:
         self._credit_s = burst_s
         self._refilled_at = clock()
 
-    def offer(self, choice: EncoderChoice, text: str, add_special_tokens: bool, ids: TokenIds) -> None:
+    def offer(
+        self, subject: Verified, what: str, got: T, reference: Callable[[], T], difference: Callable[[T, T], str | None]
+    ) -> None:
+        """Maybe (sampled, bounded, within the CPU budget) run ``reference()`` later and compare it with ``got``.
+
+        ``what`` describes the input without quoting it ("1234 chars"); ``difference(got, ref)`` is None when
+        they are equal, else a description (no text). Called on the hot path: it only samples and submits.
+        """
         if self._fraction <= 0 or self._rng.random() >= self._fraction:
             return
         with self._lock:
             if self._pending >= self._max_pending:
                 return
             if not self._has_credit():
-                self._on_skip(choice.model)
+                self._on_skip(subject.model, subject.check)
                 return
             self._pending += 1
         try:
-            self._executor.submit(self._check, choice, text, add_special_tokens, ids)
+            self._executor.submit(self._check, subject, what, got, reference, difference)
         except RuntimeError:  # executor shut down
             self._release()
 
@@ -271,16 +303,17 @@ class ShadowCheck:
         self._refilled_at = now
         return self._credit_s > 0
 
-    def _check(self, choice: EncoderChoice, text: str, add_special_tokens: bool, ids: TokenIds) -> None:
+    def _check(
+        self, subject: Verified, what: str, got: T, reference: Callable[[], T], difference: Callable[[T, T], str | None]
+    ) -> None:
         started = self._cpu_clock()
         try:
-            ref = choice.reference.encode(text, add_special_tokens=add_special_tokens)
-            matched = list(ref) == list(ids)
-            if not matched:
-                choice.fall_back(f"live request ({len(text)} chars): {_first_difference(ids, ref)}")
-            self._on_result(choice.model, matched)
-        except Exception as exc:  # the reference failing is not a verdict on the fast encoder
-            log.debug("shadow tokenizer check failed: %s", exc)
+            found = difference(got, reference())
+            if found is not None:
+                subject.fall_back(f"live request ({what}): {found}")
+            self._on_result(subject.model, subject.check, found is None)
+        except Exception as exc:  # the reference failing is not a verdict on the fast path
+            log.debug("shadow %s check failed: %s", subject.check, exc)
         finally:
             self._release(spent_s=self._cpu_clock() - started)
 

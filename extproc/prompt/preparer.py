@@ -132,8 +132,9 @@ def build_preparer(
     """The composition root's entry point: registry, tokenizers (loaded lazily) and preparer from config."""
     tok = config.tokenizer
     encoders = EncoderSettings(
-        fast=tok.encoder == "auto", segment_cache_bytes=tok.segment_cache_mib << 20, shadow=shadow
-    )
+        fast=tok.encoder == "auto", fast_templates=tok.renderer == "auto",
+        segment_cache_bytes=tok.segment_cache_mib << 20, shadow=shadow,
+    )  # fmt: skip
     tokenizers = TokenizerRegistry(base_dir / config.tokenizer_cache_dir, encoders=encoders)
     prompt_tokenizer = PromptTokenizer(
         tokenizers, executor, timeout_s=config.limits.tokenize_timeout_s,
