@@ -20,11 +20,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.stack_config import REPO
+from bench.stack_config import MODEL, REPO
+from extproc.observability import TokenizerCollector
 from extproc.prompt.encoders import ShadowCheck
+from extproc.prompt.models import BaseModel
 from extproc.prompt.renderers import TemplateChoice, check_conversations, self_check
 from extproc.prompt.templates import RENDERER_FAST, RENDERER_HF, FastTemplate, NotPlain
-from extproc.prompt.tokenizers import load_hf_tokenizer
+from extproc.prompt.tokenizers import EncoderSettings, TokenizerRegistry, load_hf_tokenizer
 from tests.prompt.test_encoder_equality import LLAMA3_TEMPLATE
 
 PROPERTY = settings(
@@ -240,3 +242,14 @@ def test_special_tokens_are_template_variables_and_kwargs_win() -> None:
 def test_self_check_names_the_case_without_quoting_it() -> None:
     found = self_check(FastTemplate(Echo.chat_template, {}), Echo(drift="Hi"), check_conversations())
     assert found is not None and found.startswith("case ") and "Hi" not in found
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["auto", "hf"])
+def test_the_registry_gives_each_model_its_renderer_and_the_metrics_say_which(fast: bool) -> None:
+    registry = TokenizerRegistry(REPO / "tokenizer_cache", encoders=EncoderSettings(fast_templates=fast))
+    loaded = registry.get(BaseModel(MODEL))
+    assert loaded.renderer.name == (RENDERER_FAST if fast else RENDERER_HF)
+    collector = TokenizerCollector(registry.encoders, registry.segment_stats, list, registry.renderers)
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in collector.collect() for s in f.samples}
+    assert samples[("router_template_renderer", (("model", MODEL), ("renderer", loaded.renderer.name)))] == 1
+    assert samples[("router_template_fallback", (("model", MODEL),))] == 0
