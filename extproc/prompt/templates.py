@@ -190,12 +190,25 @@ def _plain(value: Any) -> Any:
     raise NotPlain(kind.__name__)
 
 
-def _aliased(message: dict[str, Any]) -> dict[str, Any]:
-    """transformers' ``_alias_reasoning_fields`` for one message (the key order is theirs: templates iterate)."""
-    reasoning = next((message[k] for k in _REASONING_FIELDS if message.get(k) is not None), None)
+def _plain_message(message: object) -> dict[str, Any]:
+    """One message as the template sees it, in one pass: transformers drops its None values
+    (``_normalize_chat_messages``), rebuilds it from plain types (``_plain_template_data``) and fills the
+    reasoning aliases (``_alias_reasoning_fields``: ``thinking`` first, ``reasoning_content`` last, the key
+    order is theirs and templates may iterate it). Strings, most values, skip the function call."""
+    if type(message) is not dict:
+        raise NotPlain(type(message).__name__)
+    out = {}
+    for key, value in message.items():
+        if value is not None:
+            out[key if type(key) is str else _plain(key)] = value if type(value) is str else _plain(value)
+    reasoning = out.get("reasoning_content")
     if reasoning is None:
-        return message
-    return {"thinking": reasoning, **message, "reasoning_content": reasoning}
+        reasoning = out.get("thinking")
+    if reasoning is None:
+        reasoning = out.get("reasoning")  # _REASONING_FIELDS, in order
+    if reasoning is None:
+        return out
+    return {"thinking": reasoning, **out, "reasoning_content": reasoning}
 
 
 class FastTemplate:
@@ -238,7 +251,7 @@ class FastTemplate:
             raise NotPlain("tool")
         if documents is not None and any(type(d) is not dict for d in documents):
             raise TypeError("Documents should be a list of dicts with 'title' and 'text' keys!")
-        chat = [_aliased(_plain({k: v for k, v in m.items() if v is not None})) for m in conversation]
+        chat = [_plain_message(m) for m in conversation]
         variables = _plain({**self._special, **kwargs})
         if not continue_final_message:
             return self._template.render(
