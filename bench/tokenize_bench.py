@@ -3,8 +3,9 @@
 Run: ``.venv/bin/python -m bench.tokenize_bench [--repeat N] [--sizes 1K,8K,32K]``. Prints two tables
 (median ms over N requests of each shape, measured side by side in one process):
 
-1. render + encode per shape: HF tokenizers (vLLM's reference), the fast encoder without its segment cache,
-   and with it (hit rate and bytes of the cache after the shape's requests);
+1. render + encode per shape: HF (``apply_chat_template`` and HF tokenizers, vLLM's reference), the fast
+   encoder without its segment cache, and with it (both after the picker's renderer; hit rate and bytes of the
+   cache after the shape's requests);
 2. block hashing (sha256_cbor, block size 16): the plain hasher vs the prefix cache (hit share, bytes);
 3. chat-template rendering: transformers' ``apply_chat_template`` (vLLM's reference) vs the fast renderer
    (``templates.FastTemplate``, the memoized sandbox), alternating on each request, texts checked equal.
@@ -85,8 +86,10 @@ def encode_row(loaded: LoadedTokenizer, encoders: dict[str, TextEncoder], shape:
         if isinstance(encoder, FastEncoder):
             encoder.clear_cache()  # fresh for every shape: its hit rate is this shape's
         times = []
+        # HF: vLLM's own path (apply_chat_template, HF tokenizers); the fast columns: the picker's renderer
+        renderer = loaded.tokenizer if isinstance(encoder, HfEncoder) else loaded.renderer
         for i, parsed in enumerate(requests(shape, size, n + 1)):
-            took, ids = timed(lambda p=parsed, e=encoder: render_and_tokenize_sync(loaded.tokenizer, loaded.info, p, e))
+            took, ids = timed(lambda p=parsed, e=encoder, r=renderer: render_and_tokenize_sync(r, loaded.info, p, e))
             tokens = len(ids)
             if i:
                 times.append(took)
