@@ -21,8 +21,8 @@ from extproc.diagnostics.live import PrefixStabilityCollector, SampledDiagnostic
 from extproc.kvcache.hash_cache import CachedHasher, HashCacheStats
 from extproc.kvcache.hashing import BlockHasher
 from extproc.observability import RouterMetrics, TokenizerCollector
-from extproc.prompt.encoders import ShadowCheck
 from extproc.prompt.preparer import RequestPreparer, build_preparer
+from extproc.prompt.shadow import ShadowCheck
 from extproc.protocol.exchange import ProcessorOptions
 from extproc.router import FrontDeps, PendingHashes, RouterSettings
 from extproc.types import BlockHash, HashScheme, LoraAdapter

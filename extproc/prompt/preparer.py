@@ -17,9 +17,10 @@ from pathlib import Path
 
 from extproc.config import RouterConfig
 from extproc.errors import BadRequest, RouterError
-from extproc.prompt.encoders import ShadowCheck, TokenIds
+from extproc.prompt.encoders import TokenIds
 from extproc.prompt.models import Adapter, BaseModel, ModelRegistry
 from extproc.prompt.openai import ParsedRequest, RequestKind, kind_for_path, parse_request
+from extproc.prompt.shadow import ShadowCheck
 from extproc.prompt.tokenizers import EncoderSettings, PromptTokenizer, TokenizeFailed, TokenizerRegistry
 from extproc.types import HttpRequest, LoraAdapter, PreparedPrompt
 

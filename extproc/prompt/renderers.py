@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from extproc.prompt.encoders import ShadowCheck
+from extproc.prompt.shadow import ShadowCheck
 from extproc.prompt.templates import RENDERER_FAST, RENDERER_HF, REPRODUCED_PARAMS, FastTemplate, HfRenderer, NotPlain
 
 __all__ = ["CheckCase", "TemplateChoice", "check_conversations", "self_check"]

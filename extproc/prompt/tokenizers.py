@@ -27,7 +27,6 @@ from extproc.prompt.encoders import (
     EncoderChoice,
     FastEncoder,
     HfEncoder,
-    ShadowCheck,
     TextEncoder,
     TokenIds,
     check_corpus,
@@ -43,6 +42,7 @@ from extproc.prompt.render import (
     truncate,
 )
 from extproc.prompt.renderers import TemplateChoice
+from extproc.prompt.shadow import ShadowCheck
 from extproc.prompt.tokenizer_cache import model_dir
 
 __all__ = ["LoadedTokenizer", "PromptTokenizer", "TokenizeFailed", "TokenizerRegistry", "load_hf_tokenizer"]

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from bench.stack_config import REPO
-from extproc.prompt.encoders import ENCODER_HF, EncoderChoice, HfEncoder, ShadowCheck, check_corpus, self_check
+from extproc.prompt.encoders import ENCODER_HF, EncoderChoice, HfEncoder, check_corpus, self_check
 from extproc.prompt.models import BaseModel
+from extproc.prompt.shadow import ShadowCheck
 from extproc.prompt.tokenizers import EncoderSettings, TokenizerRegistry
 
 

@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 
 from bench.stack_config import MODEL, REPO
 from extproc.observability import TokenizerCollector
-from extproc.prompt.encoders import ShadowCheck
 from extproc.prompt.models import BaseModel
 from extproc.prompt.renderers import TemplateChoice, check_conversations, self_check
+from extproc.prompt.shadow import ShadowCheck
 from extproc.prompt.templates import RENDERER_FAST, RENDERER_HF, FastTemplate, NotPlain
 from extproc.prompt.tokenizers import EncoderSettings, TokenizerRegistry, load_hf_tokenizer
 from tests.prompt.test_encoder_equality import LLAMA3_TEMPLATE
