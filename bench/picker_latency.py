@@ -330,6 +330,13 @@ def parse_sizes(text: str) -> list[int]:
     return [int(s[:-1]) * 1024 if s.upper().endswith("K") else int(s) for s in text.split(",") if s]
 
 
+def picker_overrides(verify_fraction: float | None) -> dict[str, dict[str, float]]:
+    overrides = {"limits": {"tokenize_timeout_s": 10.0}}
+    if verify_fraction is not None:
+        overrides["tokenizer"] = {"verify_fraction": verify_fraction}
+    return overrides
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.picker_latency", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="a tenth of the requests, 8 s per cell")
@@ -348,6 +355,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="run the picker from this checkout (e.g. `git worktree add /tmp/before HEAD~1`)",
     )
+    p.add_argument(
+        "--verify-fraction",
+        type=float,
+        default=None,
+        help="the picker's tokenizer.verify_fraction (default: the config's); 0 takes the sampled shadow checks "
+        "out of the CPU columns, where one HF re-encode of a 100K-token agent step (~0.1 s) moves a cell's mean",
+    )
     p.add_argument("--workdir", default=None, help="keep logs here (default: a temporary dir, removed)")
     args = p.parse_args(argv)
     if args.agent_tokens is None:
@@ -358,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = StackSpec(
         backends=args.backends, envoy="picker", extra_envoys=("round_robin",), sim_profile="fast",
         num_gpu_blocks=blocks, max_model_len=max(MAX_MODEL_LEN, args.agent_tokens + 8192),
-        sim_args=("--sim-time-scale", "0"), picker_overrides={"limits": {"tokenize_timeout_s": 10.0}},
+        sim_args=("--sim-time-scale", "0"), picker_overrides=picker_overrides(args.verify_fraction),
         picker_tree=args.picker_tree,
     )  # fmt: skip
     started = time.monotonic()

@@ -3,9 +3,12 @@
 Run: ``.venv/bin/python -m bench.tokenize_bench [--repeat N] [--sizes 1K,8K,32K]``. Prints two tables
 (median ms over N requests of each shape, measured side by side in one process):
 
-1. render + encode per shape: HF tokenizers (vLLM's reference), the fast encoder without its segment cache,
-   and with it (hit rate and bytes of the cache after the shape's requests);
-2. block hashing (sha256_cbor, block size 16): the plain hasher vs the prefix cache (hit share, bytes).
+1. render + encode per shape: HF (``apply_chat_template`` and HF tokenizers, vLLM's reference), the fast
+   encoder without its segment cache, and with it (both after the picker's renderer; hit rate and bytes of the
+   cache after the shape's requests);
+2. block hashing (sha256_cbor, block size 16): the plain hasher vs the prefix cache (hit share, bytes);
+3. chat-template rendering: transformers' ``apply_chat_template`` (vLLM's reference) vs the fast renderer
+   (``templates.FastTemplate``, the memoized sandbox), alternating on each request, texts checked equal.
 
 Shapes, each a sequence of requests as traffic sends them: ``unique`` (a new document every time: no cache
 can help), ``same-message`` (the same document, a new question at the end of the same user message),
@@ -30,7 +33,8 @@ from extproc.kvcache.hashing import BlockHasher
 from extproc.prompt.encoders import FastEncoder, HfEncoder, TextEncoder
 from extproc.prompt.models import BaseModel
 from extproc.prompt.openai import ParsedRequest, RequestKind, parse_request
-from extproc.prompt.render import render_and_tokenize_sync
+from extproc.prompt.render import render_and_tokenize_sync, render_chat_text
+from extproc.prompt.templates import RENDERER_FAST
 from extproc.prompt.tokenizers import EncoderSettings, LoadedTokenizer, TokenizerRegistry
 from extproc.types import HashScheme
 
@@ -82,8 +86,10 @@ def encode_row(loaded: LoadedTokenizer, encoders: dict[str, TextEncoder], shape:
         if isinstance(encoder, FastEncoder):
             encoder.clear_cache()  # fresh for every shape: its hit rate is this shape's
         times = []
+        # HF: vLLM's own path (apply_chat_template, HF tokenizers); the fast columns: the picker's renderer
+        renderer = loaded.tokenizer if isinstance(encoder, HfEncoder) else loaded.renderer
         for i, parsed in enumerate(requests(shape, size, n + 1)):
-            took, ids = timed(lambda p=parsed, e=encoder: render_and_tokenize_sync(loaded.tokenizer, loaded.info, p, e))
+            took, ids = timed(lambda p=parsed, e=encoder, r=renderer: render_and_tokenize_sync(r, loaded.info, p, e))
             tokens = len(ids)
             if i:
                 times.append(took)
@@ -109,6 +115,20 @@ def hash_row(loaded: LoadedTokenizer, shape: str, size: int, n: int) -> str:
     p, c = statistics.median(plain_times) * 1e3, statistics.median(cached_times) * 1e3
     return (f"{shape:>12} {len(prompts[-1]):>7} {p:>10.3f} {c:>10.3f} {p / max(c, 1e-9):>7.0f}x {hit_share:>8.0%} "
             f"{cached.stats.bytes / (1 << 20):>7.1f}")  # fmt: skip
+
+
+def render_row(loaded: LoadedTokenizer, shape: str, size: int, n: int) -> str:
+    """Median render ms, reference and fast, each request rendered by both in turn (the text must match)."""
+    ref_times, fast_times, messages = [], [], 0
+    for parsed in list(requests(shape, size, n + 1))[1:]:
+        ref_took, ref = timed(lambda p=parsed: render_chat_text(loaded.tokenizer, loaded.info, p))
+        fast_took, ours = timed(lambda p=parsed: render_chat_text(loaded.renderer, loaded.info, p))
+        assert ours == ref, f"{shape}: the fast renderer differs"
+        ref_times.append(ref_took)
+        fast_times.append(fast_took)
+        messages = len(parsed.messages)
+    r, f = statistics.median(ref_times) * 1e3, statistics.median(fast_times) * 1e3
+    return f"{shape:>12} {size:>7} {messages:>8} {r:>10.3f} {f:>10.3f} {r / max(f, 1e-9):>7.1f}x"
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -139,6 +159,12 @@ def main(argv: list[str] | None = None) -> None:
     for size in parse_sizes(opts.sizes):
         for shape in SHAPES:
             print(hash_row(loaded, shape, size, opts.repeat), flush=True)
+    assert loaded.renderer.name == RENDERER_FAST, loaded.renderer.fallback_reason
+    print(f"\nchat-template rendering, ms (same requests; {loaded.renderer.name} vs apply_chat_template)")
+    print(f"{'shape':>12} {'size':>7} {'messages':>8} {'HF':>10} {'fast':>10} {'ratio':>8}")
+    for size in parse_sizes(opts.sizes):
+        for shape in SHAPES:
+            print(render_row(loaded, shape, size, opts.repeat), flush=True)
 
 
 if __name__ == "__main__":

@@ -426,6 +426,12 @@ class TokenizerConfig(_Strict):
         description="auto: a fast exact encoder (fastokens) for each model whose tokenizer it loads and that "
         "equals HF tokenizers on the start-up self-check, HF otherwise; hf: always HF tokenizers (vLLM's own)",
     )
+    renderer: Literal["auto", "hf"] = Field(
+        "auto",
+        description="auto: chat templates rendered by the router's memoized jinja2 sandbox for each model whose "
+        "template renders the start-up self-check conversations exactly as transformers' apply_chat_template "
+        "does, apply_chat_template otherwise; hf: always apply_chat_template (vLLM's own)",
+    )
     segment_cache_mib: int = Field(
         64, ge=0, description="fast encoder: cache of text between added tokens, reused across requests; 0 = off"
     )
@@ -433,15 +439,16 @@ class TokenizerConfig(_Strict):
         0.01,
         ge=0,
         le=1,
-        description="share of fast encodings re-encoded with HF off the hot path; a mismatch switches that "
-        'model to HF (router_tokenizer_checks{result="mismatch"})',
+        description="share of fast encodings and fast chat-template renders redone with HF off the hot path; a "
+        "mismatch switches that model's encoding or rendering to HF "
+        '(router_tokenizer_checks{check,result="mismatch"})',
     )
     verify_cpu_share: float = Field(
         0.01,
         gt=0,
         le=1,
-        description="the HF re-encodes together use at most this share of one core (a sampled request that "
-        'would exceed it is not checked: router_tokenizer_checks{result="skipped"})',
+        description="the HF re-encodes and re-renders together use at most this share of one core (a sampled "
+        'request that would exceed it is not checked: router_tokenizer_checks{result="skipped"})',
     )
     inline_body_bytes: int = Field(
         64 * 1024, ge=0, description="bodies up to this are rendered and encoded on the event loop (fast encoder)"

@@ -21,8 +21,8 @@ from extproc.diagnostics.live import PrefixStabilityCollector, SampledDiagnostic
 from extproc.kvcache.hash_cache import CachedHasher, HashCacheStats
 from extproc.kvcache.hashing import BlockHasher
 from extproc.observability import RouterMetrics, TokenizerCollector
-from extproc.prompt.encoders import ShadowCheck
 from extproc.prompt.preparer import RequestPreparer, build_preparer
+from extproc.prompt.shadow import ShadowCheck
 from extproc.protocol.exchange import ProcessorOptions
 from extproc.router import FrontDeps, PendingHashes, RouterSettings
 from extproc.types import BlockHash, HashScheme, LoraAdapter
@@ -80,14 +80,14 @@ def build_front(
     tokenize = ThreadPoolExecutor(config.limits.tokenizer_workers, thread_name_prefix="tokenize")
     # Hashing gets its own thread: behind busy tokenizer threads it queued for tens of ms under load.
     hashing = ThreadPoolExecutor(1, thread_name_prefix="hash")
-    # Shadow tokenizer checks (HF re-encodes of sampled requests) never queue behind or ahead of requests.
+    # Shadow checks (HF re-encodes and re-renders of sampled requests) never queue behind or ahead of requests.
     checks = ThreadPoolExecutor(1, thread_name_prefix="tokcheck")
 
-    def count_check(model: str, matched: bool) -> None:
-        metrics.tokenizer_checks.labels(model, "match" if matched else "mismatch").inc()
+    def count_check(model: str, check: str, matched: bool) -> None:
+        metrics.tokenizer_checks.labels(model, check, "match" if matched else "mismatch").inc()
 
-    def count_skip(model: str) -> None:
-        metrics.tokenizer_checks.labels(model, "skipped").inc()
+    def count_skip(model: str, check: str) -> None:
+        metrics.tokenizer_checks.labels(model, check, "skipped").inc()
 
     shadow = ShadowCheck(
         config.tokenizer.verify_fraction, checks, on_result=count_check, on_skip=count_skip,
@@ -96,7 +96,9 @@ def build_front(
     preparer = build_preparer(config, base_dir, tokenize, shadow)
     hasher = HasherCache(config.tokenizer.hash_cache_mib << 20)
     metrics.registry.register(
-        TokenizerCollector(preparer.tokenizers.encoders, preparer.tokenizers.segment_stats, hasher.stats)
+        TokenizerCollector(
+            preparer.tokenizers.encoders, preparer.tokenizers.segment_stats, hasher.stats, preparer.tokenizers.renderers
+        )
     )
     diagnostics = _diagnostics(config, metrics)
     deps = FrontDeps(

@@ -81,9 +81,10 @@ class RouterMetrics:
         )
         self.tokenizer_checks = Counter(
             "router_tokenizer_checks",
-            "Fast encodings sampled for an HF re-encode off the hot path, by result (match, mismatch; skipped: over "
-            "the CPU budget, tokenizer.verify_cpu_share)",
-            ["model", "result"],
+            "Fast encodings (check=encoder) and fast chat-template renders (check=template) sampled for a redo by the "
+            "reference off the hot path, by result (match, mismatch; skipped: over the CPU budget, "
+            "tokenizer.verify_cpu_share)",
+            ["model", "check", "result"],
             registry=registry,
         )
         self.decider_unavailable = Counter(
@@ -158,11 +159,27 @@ class EncoderInfo(Protocol):
     def fallback_reason(self) -> str | None: ...
 
 
+def _choice_gauges(
+    choices: Iterable[EncoderInfo], used: str, label: str, fallback: str, reference: str
+) -> Iterator[GaugeMetricFamily]:
+    """``router_<used>{model,<label>}`` 1 for the path in use; ``router_<fallback>{model}`` 1 where the fast
+    path was dropped for ``reference``."""
+    in_use = GaugeMetricFamily(f"router_{used}", f"1 for the {label} a model uses", labels=["model", label])
+    fell = GaugeMetricFamily(f"router_{fallback}", f"1: fast {label} dropped for {reference}", labels=["model"])
+    for c in choices:
+        in_use.add_metric([c.model, c.name], 1)
+        fell.add_metric([c.model], 1 if c.fallback_reason else 0)
+    yield in_use
+    yield fell
+
+
 class TokenizerCollector(Collector):
-    """At scrape time: each model's encoder, the fast encoder's segment cache and the block-hash cache.
+    """At scrape time: each model's encoder and renderer, the fast encoder's segment cache and the hash cache.
 
     ``router_tokenizer_encoder{model,encoder}`` is 1 for the encoder in use; ``router_tokenizer_fallback``
     is 1 where the fast encoder was dropped for HF (self-check or live mismatch; the log says why).
+    ``router_template_renderer{model,renderer}`` and ``router_template_fallback`` say the same of the chat-template
+    renderer (``sandbox-memo`` or ``hf``, i.e. ``apply_chat_template``).
     """
 
     def __init__(
@@ -170,21 +187,18 @@ class TokenizerCollector(Collector):
         encoders: Callable[[], Iterable[EncoderInfo]],
         segment_stats: Callable[[], dict[str, dict[str, int]]],
         hash_stats: Callable[[], Iterable[tuple[str, object]]],
+        renderers: Callable[[], Iterable[EncoderInfo]] = list,
     ) -> None:
         self._encoders = encoders
         self._segment_stats = segment_stats
         self._hash_stats = hash_stats
+        self._renderers = renderers
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-        enc = GaugeMetricFamily(
-            "router_tokenizer_encoder", "1 for the encoder a model uses", labels=["model", "encoder"]
+        yield from _choice_gauges(self._encoders(), "tokenizer_encoder", "encoder", "tokenizer_fallback", "HF")
+        yield from _choice_gauges(
+            self._renderers(), "template_renderer", "renderer", "template_fallback", "apply_chat_template"
         )
-        fell = GaugeMetricFamily("router_tokenizer_fallback", "1: fast encoder dropped for HF", labels=["model"])
-        for e in self._encoders():
-            enc.add_metric([e.model, e.name], 1)
-            fell.add_metric([e.model], 1 if e.fallback_reason else 0)
-        yield enc
-        yield fell
         segments = self._segment_stats()
         for key, kind in (("hits", "counter"), ("misses", "counter"), ("hit_bytes", "counter"),
                           ("miss_bytes", "counter"), ("entries", "gauge"), ("bytes", "gauge")):  # fmt: skip

@@ -7,8 +7,9 @@ faster encoder (``fastokens``: Rust, the same ``tokenizer.json``) is used only o
   the normalizer, pre-tokenizer, model and added vocabulary exactly as ``transformers`` configured them;
 - ``self_check`` compares both on a corpus (``check_corpus``: adversarial text and every added token) at load;
   a tokenizer that differs once runs on HF;
-- ``ShadowCheck`` re-encodes a sampled fraction of live requests with HF on a background thread, off the hot
-  path; a mismatch is counted, logged, and switches that model to HF for good.
+- ``shadow.ShadowCheck`` re-encodes a sampled fraction of live requests with HF on a background thread, off the hot
+  path; a mismatch is counted, logged, and switches that model to HF for good. The same machinery checks the
+  fast chat-template renderer (``templates.py``): anything ``Verified`` can be offered to it.
 
 Both encoders return ``TokenIds``: the fast one an ``array('I')`` (built from one flat buffer, no per-token
 Python object), HF a ``list``. Either is a ``Sequence[int]`` of plain ints, which is what hashing needs.
@@ -18,13 +19,12 @@ from __future__ import annotations
 
 import logging
 import random
-import threading
-import time
 from array import array
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Executor
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
+
+from extproc.prompt.shadow import ShadowCheck
 
 __all__ = [
     "ENCODER_FAST",
@@ -32,7 +32,6 @@ __all__ = [
     "EncoderChoice",
     "FastEncoder",
     "HfEncoder",
-    "ShadowCheck",
     "TextEncoder",
     "TokenIds",
     "check_corpus",
@@ -165,6 +164,10 @@ def self_check(fast: TextEncoder, reference: TextEncoder, texts: Iterable[str]) 
     return None
 
 
+def _token_difference(ours: TokenIds, ref: TokenIds) -> str | None:
+    return None if list(ours) == list(ref) else _first_difference(ours, ref)
+
+
 def _first_difference(ours: Sequence[int], ref: Sequence[int]) -> str:
     at = next((i for i, (a, b) in enumerate(zip(ours, ref, strict=False)) if a != b), min(len(ours), len(ref)))
     return f"{len(ours)} vs {len(ref)} tokens, first difference at token {at}"
@@ -183,6 +186,7 @@ class EncoderChoice:
     fast: TextEncoder | None = None
     fallback_reason: str | None = None  # why HF is used although a fast encoder was considered
     shadow: ShadowCheck | None = None
+    check: ClassVar[str] = "encoder"  # the shadow check's label for this kind of fast path
 
     @property
     def current(self) -> TextEncoder:
@@ -196,7 +200,10 @@ class EncoderChoice:
         encoder = self.current
         ids = encoder.encode(text, add_special_tokens=add_special_tokens)
         if self.shadow is not None and encoder is not self.reference:
-            self.shadow.offer(self, text, add_special_tokens, ids)
+            self.shadow.offer(
+                self, f"{len(text)} chars", ids,
+                lambda: self.reference.encode(text, add_special_tokens=add_special_tokens), _token_difference,
+            )  # fmt: skip
         return ids
 
     def fall_back(self, reason: str) -> None:
@@ -204,90 +211,6 @@ class EncoderChoice:
             self.fallback_reason = reason
             log.warning("model %s: the fast tokenizer disagreed with HF tokenizers (%s); using HF from now on",
                         self.model, reason)  # fmt: skip
-
-
-class ShadowCheck:
-    """Re-encodes a sampled ``fraction`` of requests with the reference on ``executor`` and compares.
-
-    ``offer`` is called on the hot path (by ``EncoderChoice.encode``, for fast encodings only) with what the
-    fast encoder returned; it only samples and submits.
-    ``on_result(model, matched)`` is called from the executor's thread (a metrics counter). At most
-    ``max_pending`` checks are queued: under load checks are skipped, never the requests.
-
-    CPU budget: the checks together spend at most ``max_cpu_share`` of one core (a token bucket of CPU seconds,
-    refilled at that rate, holding at most ``burst_s``; each check pays its own thread's CPU time after it ran).
-    The reference costs ~1 µs per token here, so a 1% sample of 32K-token prompts would otherwise cost 1.2 ms
-    per request; a sampled request that finds the bucket empty is skipped (``on_skip(model)``).
-    """
-
-    def __init__(
-        self,
-        fraction: float,
-        executor: Executor,
-        *,
-        on_result: Callable[[str, bool], None] = lambda model, matched: None,
-        on_skip: Callable[[str], None] = lambda model: None,
-        rng: random.Random | None = None,
-        max_pending: int = 4,
-        max_cpu_share: float = 1.0,
-        burst_s: float = 0.25,
-        clock: Callable[[], float] = time.monotonic,
-        cpu_clock: Callable[[], float] = time.thread_time,
-    ) -> None:
-        self._fraction = fraction
-        self._executor = executor
-        self._on_result = on_result
-        self._on_skip = on_skip
-        self._rng = rng or random.Random()
-        self._max_pending = max_pending
-        self._pending = 0
-        self._lock = threading.Lock()
-        self._share = max_cpu_share
-        self._burst_s = burst_s
-        self._clock = clock
-        self._cpu_clock = cpu_clock
-        self._credit_s = burst_s
-        self._refilled_at = clock()
-
-    def offer(self, choice: EncoderChoice, text: str, add_special_tokens: bool, ids: TokenIds) -> None:
-        if self._fraction <= 0 or self._rng.random() >= self._fraction:
-            return
-        with self._lock:
-            if self._pending >= self._max_pending:
-                return
-            if not self._has_credit():
-                self._on_skip(choice.model)
-                return
-            self._pending += 1
-        try:
-            self._executor.submit(self._check, choice, text, add_special_tokens, ids)
-        except RuntimeError:  # executor shut down
-            self._release()
-
-    def _has_credit(self) -> bool:
-        """Refill the bucket for the time since the last look (under the lock); True if a check may run."""
-        now = self._clock()
-        self._credit_s = min(self._burst_s, self._credit_s + (now - self._refilled_at) * self._share)
-        self._refilled_at = now
-        return self._credit_s > 0
-
-    def _check(self, choice: EncoderChoice, text: str, add_special_tokens: bool, ids: TokenIds) -> None:
-        started = self._cpu_clock()
-        try:
-            ref = choice.reference.encode(text, add_special_tokens=add_special_tokens)
-            matched = list(ref) == list(ids)
-            if not matched:
-                choice.fall_back(f"live request ({len(text)} chars): {_first_difference(ids, ref)}")
-            self._on_result(choice.model, matched)
-        except Exception as exc:  # the reference failing is not a verdict on the fast encoder
-            log.debug("shadow tokenizer check failed: %s", exc)
-        finally:
-            self._release(spent_s=self._cpu_clock() - started)
-
-    def _release(self, spent_s: float = 0.0) -> None:
-        with self._lock:
-            self._pending -= 1
-            self._credit_s -= spent_s
 
 
 if (

@@ -17,9 +17,10 @@ from pathlib import Path
 
 from extproc.config import RouterConfig
 from extproc.errors import BadRequest, RouterError
-from extproc.prompt.encoders import ShadowCheck, TokenIds
+from extproc.prompt.encoders import TokenIds
 from extproc.prompt.models import Adapter, BaseModel, ModelRegistry
 from extproc.prompt.openai import ParsedRequest, RequestKind, kind_for_path, parse_request
+from extproc.prompt.shadow import ShadowCheck
 from extproc.prompt.tokenizers import EncoderSettings, PromptTokenizer, TokenizeFailed, TokenizerRegistry
 from extproc.types import HttpRequest, LoraAdapter, PreparedPrompt
 
@@ -132,8 +133,9 @@ def build_preparer(
     """The composition root's entry point: registry, tokenizers (loaded lazily) and preparer from config."""
     tok = config.tokenizer
     encoders = EncoderSettings(
-        fast=tok.encoder == "auto", segment_cache_bytes=tok.segment_cache_mib << 20, shadow=shadow
-    )
+        fast=tok.encoder == "auto", fast_templates=tok.renderer == "auto",
+        segment_cache_bytes=tok.segment_cache_mib << 20, shadow=shadow,
+    )  # fmt: skip
     tokenizers = TokenizerRegistry(base_dir / config.tokenizer_cache_dir, encoders=encoders)
     prompt_tokenizer = PromptTokenizer(
         tokenizers, executor, timeout_s=config.limits.tokenize_timeout_s,

@@ -10,7 +10,8 @@ Synchronous, CPU-bound and pure given a tokenizer: ``tokenizers.py`` runs it on 
    (``add_generation_prompt``, ``continue_final_message``, ``documents``, ``reasoning_effort``, and
    ``enable_thinking = reasoning_effort != "none"`` unless the request set it), then filtered to the variables
    the template declares plus HF's own parameters.
-3. ``tokenizer.apply_chat_template(conversation, tools=..., tokenize=False, **kwargs)`` renders the text, which
+3. ``apply_chat_template(conversation, tools=..., tokenize=False, **kwargs)`` renders the text (the HF tokenizer's,
+   or ``renderers.TemplateChoice``: a faster renderer proven to give the same text), which
    the encoder (``encoders.py``: HF or a fast encoder proven equal) encodes with ``add_special_tokens`` as the
    request says (default false). That is what ``apply_chat_template(..., tokenize=True)`` does inside HF.
 4. ``truncate_prompt_tokens`` keeps the last N tokens (``truncation_side="right"``: the first N).
@@ -24,7 +25,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import jinja2
 import jinja2.ext
@@ -35,6 +36,7 @@ import jinja2.sandbox
 
 from extproc.prompt.encoders import HfEncoder, TextEncoder, TokenIds
 from extproc.prompt.openai import ParsedRequest, RequestKind
+from extproc.prompt.templates import GenerationTag
 
 _TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text", "refusal", "thinking"})
 _TEXT_PART_FIELD = {"thinking": "thinking", "refusal": "refusal"}  # the rest carry "text"
@@ -49,6 +51,12 @@ _CONTENT_LOOP = re.compile(r"for\s+\w+\s+in\s+\w+(?:\.content|\[\s*['\"]content[
 
 class TokenizeFailed(Exception):
     """Rendering or tokenizing failed or timed out; the router routes such a request by load alone."""
+
+
+class ChatRenderer(Protocol):
+    """What renders a chat: ``apply_chat_template`` (a ``transformers`` tokenizer or a ``TemplateChoice``)."""
+
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
 
 
 class ChatTokenizer(Protocol):
@@ -85,18 +93,8 @@ class TemplateInfo:
         return cls(variables, content_format, "developer" in source, dict(default_kwargs or {}))
 
 
-class _GenerationTag(jinja2.ext.Extension):
-    """Parses HF's ``{% generation %}...{% endgeneration %}`` so the template can be inspected."""
-
-    tags = {"generation"}  # noqa: RUF012 (jinja2's class attribute)
-
-    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node | list[jinja2.nodes.Node]:
-        next(parser.stream)
-        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
-
-
 def _template_variables(source: str) -> frozenset[str] | None:
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(extensions=[GenerationTag, jinja2.ext.loopcontrols])
     try:
         return frozenset(jinja2.meta.find_undeclared_variables(env.parse(source)))
     except jinja2.TemplateError:
@@ -104,15 +102,15 @@ def _template_variables(source: str) -> frozenset[str] | None:
 
 
 def render_and_tokenize_sync(
-    tokenizer: ChatTokenizer, info: TemplateInfo, parsed: ParsedRequest, encoder: TextEncoder | None = None
+    tokenizer: ChatRenderer, info: TemplateInfo, parsed: ParsedRequest, encoder: TextEncoder | None = None
 ) -> TokenIds:
     """Token ids of ``parsed`` as vLLM computes them. Raises ``TokenizeFailed`` for anything it cannot do.
 
-    ``tokenizer`` renders the chat template; ``encoder`` (default: ``tokenizer`` itself, i.e. HF) encodes.
-    Completion batches tokenize their first prompt only (the one routing uses); token-id prompts are returned
-    as they are (after truncation).
+    ``tokenizer`` renders the chat template; ``encoder`` (default: ``tokenizer`` itself, which must then be an
+    HF tokenizer) encodes. Completion batches tokenize their first prompt only (the one routing uses); token-id
+    prompts are returned as they are (after truncation).
     """
-    encoder = encoder or HfEncoder(tokenizer)
+    encoder = encoder or HfEncoder(cast(ChatTokenizer, tokenizer))
     try:
         if parsed.kind is RequestKind.CHAT:
             tokens = _chat_tokens(tokenizer, encoder, info, parsed)
@@ -143,11 +141,11 @@ def _completion_tokens(encoder: TextEncoder, parsed: ParsedRequest) -> TokenIds:
     return encoder.encode(prompt, add_special_tokens=parsed.add_special_tokens)
 
 
-def _chat_tokens(tokenizer: ChatTokenizer, encoder: TextEncoder, info: TemplateInfo, parsed: ParsedRequest) -> TokenIds:
+def _chat_tokens(tokenizer: ChatRenderer, encoder: TextEncoder, info: TemplateInfo, parsed: ParsedRequest) -> TokenIds:
     return encoder.encode(render_chat_text(tokenizer, info, parsed), add_special_tokens=parsed.add_special_tokens)
 
 
-def render_chat_text(tokenizer: ChatTokenizer, info: TemplateInfo, parsed: ParsedRequest) -> str:
+def render_chat_text(tokenizer: ChatRenderer, info: TemplateInfo, parsed: ParsedRequest) -> str:
     """The chat prompt's rendered text, before encoding (steps 1-3 of the module docstring, without encoding)."""
     if parsed.chat_template is not None:
         raise TokenizeFailed("request-supplied chat_template is not rendered by the router")

@@ -2,11 +2,12 @@
 
 ``TokenizerRegistry`` loads ``tokenizer_cache/<model>/`` with ``local_files_only=True`` (lazily, or all at
 once with ``preload``) and picks each model's encoder (``encoders.py``): the fast one when it loads and passes
-its self-check against HF, else HF. ``PromptTokenizer`` runs ``render.render_and_tokenize_sync``: inline on
-the event loop for short prompts on a fast encoder (cheaper than the executor hop), otherwise on an injected,
-bounded executor with a timeout. Every failure becomes ``TokenizeFailed``: the router then routes by load and
-the request still goes through. Both encoders release the GIL while encoding, so worker threads give real
-parallelism for the expensive part.
+its self-check against HF, else HF; and its chat-template renderer (``renderers.py``): the fast one when it
+renders the self-check conversations as ``apply_chat_template`` does, else ``apply_chat_template``.
+``PromptTokenizer`` runs ``render.render_and_tokenize_sync``: inline on the event loop for short prompts on a
+fast encoder (cheaper than the executor hop), otherwise on an injected, bounded executor with a timeout. Every
+failure becomes ``TokenizeFailed``: the router then routes by load and the request still goes through. Both
+encoders release the GIL while encoding, so worker threads give real parallelism for the expensive part.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from extproc.prompt.encoders import (
     EncoderChoice,
     FastEncoder,
     HfEncoder,
-    ShadowCheck,
     TextEncoder,
     TokenIds,
     check_corpus,
@@ -41,6 +41,8 @@ from extproc.prompt.render import (
     render_and_tokenize_sync,
     truncate,
 )
+from extproc.prompt.renderers import TemplateChoice
+from extproc.prompt.shadow import ShadowCheck
 from extproc.prompt.tokenizer_cache import model_dir
 
 __all__ = ["LoadedTokenizer", "PromptTokenizer", "TokenizeFailed", "TokenizerRegistry", "load_hf_tokenizer"]
@@ -63,8 +65,9 @@ class EncoderSettings:
     """How models' encoders are chosen (config ``tokenizer.*``)."""
 
     fast: bool = True  # use a fast encoder where one loads and passes the self-check
+    fast_templates: bool = True  # render chat templates with templates.FastTemplate where it passes its self-check
     segment_cache_bytes: int = 64 << 20  # the fast encoder's segment cache; 0 = off
-    shadow: ShadowCheck | None = None  # sampled live comparison with HF
+    shadow: ShadowCheck | None = None  # sampled live comparison with HF (encodings and renders)
     make_fast: Callable[[Any, int], TextEncoder | None] = lambda tokenizer, cache_bytes: FastEncoder.from_hf(
         tokenizer, segment_cache_bytes=cache_bytes
     )  # the fast encoder for a loaded HF tokenizer, or None (a seam for tests)
@@ -72,11 +75,12 @@ class EncoderSettings:
 
 @dataclass(frozen=True, slots=True)
 class LoadedTokenizer:
-    """A base model's tokenizer (renders the template), its encoder and what we derived from its template."""
+    """A base model's HF tokenizer, its renderer and encoder, and what we derived from its template."""
 
-    tokenizer: ChatTokenizer
+    tokenizer: ChatTokenizer  # the reference for both
     info: TemplateInfo
     encoder: EncoderChoice
+    renderer: TemplateChoice
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +139,10 @@ class TokenizerRegistry:
         """The encoder choice of every loaded model (for metrics and the log)."""
         return [e.encoder for e in list(self._loaded.values()) if isinstance(e, LoadedTokenizer)]
 
+    def renderers(self) -> list[TemplateChoice]:
+        """The chat-template renderer of every loaded model (for metrics and the log)."""
+        return [e.renderer for e in list(self._loaded.values()) if isinstance(e, LoadedTokenizer)]
+
     def segment_stats(self) -> dict[str, dict[str, int]]:
         """{model: its fast encoder's segment-cache counters} for the models that have one."""
         out: dict[str, dict[str, int]] = {}
@@ -165,7 +173,10 @@ class TokenizerRegistry:
             info = TemplateInfo.of(tokenizer.chat_template, model.content_format, model.default_chat_template_kwargs)
         except Exception as exc:  # OSError, ValueError, anything a tokenizer folder can throw at us
             return _Failure(f"cannot load the tokenizer of {model.name!r} from {folder}: {exc}", time.monotonic())
-        return LoadedTokenizer(tokenizer, info, self._choose_encoder(model.name, tokenizer))
+        renderer = TemplateChoice.of(
+            model.name, tokenizer, fast=self._encoders.fast_templates, shadow=self._encoders.shadow
+        )
+        return LoadedTokenizer(tokenizer, info, self._choose_encoder(model.name, tokenizer), renderer)
 
     def _choose_encoder(self, name: str, tokenizer: ChatTokenizer) -> EncoderChoice:
         """HF, or the fast encoder once it equals HF on ``check_corpus`` (a failed check is logged)."""
@@ -239,7 +250,7 @@ class PromptTokenizer:
         if parsed.kind is RequestKind.COMPLETION and isinstance(parsed.prompt, tuple):
             return truncate(list(parsed.prompt), parsed.truncate_prompt_tokens, parsed.truncation_side)
         loaded = self._registry.get(base_model)
-        return render_and_tokenize_sync(loaded.tokenizer, loaded.info, parsed, loaded.encoder)
+        return render_and_tokenize_sync(loaded.renderer, loaded.info, parsed, loaded.encoder)
 
     async def _run(self, work: Callable[[], T], timeout_s: float) -> T:
         if self._pending >= self._max_pending:

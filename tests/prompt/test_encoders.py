@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from bench.stack_config import REPO
-from extproc.prompt.encoders import ENCODER_HF, EncoderChoice, HfEncoder, ShadowCheck, check_corpus, self_check
+from extproc.prompt.encoders import ENCODER_HF, EncoderChoice, HfEncoder, check_corpus, self_check
 from extproc.prompt.models import BaseModel
+from extproc.prompt.shadow import ShadowCheck
 from extproc.prompt.tokenizers import EncoderSettings, TokenizerRegistry
 
 
@@ -64,13 +65,17 @@ def test_a_choice_uses_the_fast_encoder_until_it_falls_back() -> None:
 
 def test_a_live_mismatch_is_counted_and_switches_the_model_to_hf() -> None:
     results: list[tuple[str, bool]] = []
-    shadow = ShadowCheck(1.0, Inline(), on_result=lambda m, ok: results.append((m, ok)))
+    shadow = ShadowCheck(1.0, Inline(), on_result=lambda m, check, ok: results.append((f"{m}/{check}", ok)))
     choice = EncoderChoice("m", Words("ref"), Words("fast", wrong_on="odd"), shadow=shadow)
     choice.encode("all good", add_special_tokens=False)
-    assert results == [("m", True)] and choice.name == "fast"
+    assert results == [("m/encoder", True)] and choice.name == "fast"
     ids = choice.encode("an odd one", add_special_tokens=True)
     assert ids == [1, 2, 4, 3]  # this request keeps what it got; the model moves on
-    assert results[-1] == ("m", False) and choice.name == "ref" and "live request" in (choice.fallback_reason or "")
+    assert (
+        results[-1] == ("m/encoder", False)
+        and choice.name == "ref"
+        and "live request" in (choice.fallback_reason or "")
+    )
     choice.encode("after", add_special_tokens=False)
     assert len(results) == 2  # nothing is re-checked once on the reference
 
@@ -120,7 +125,7 @@ def test_the_shadow_checks_stay_within_their_cpu_budget() -> None:
             spent[0] += 0.1  # each reference encode costs 100 ms of CPU
             return super().encode(text, add_special_tokens=add_special_tokens)
 
-    shadow = ShadowCheck(1.0, Inline(), on_skip=skipped.append, max_cpu_share=0.01, burst_s=0.05,
+    shadow = ShadowCheck(1.0, Inline(), on_skip=lambda m, check: skipped.append(m), max_cpu_share=0.01, burst_s=0.05,
                          clock=lambda: now[0], cpu_clock=lambda: spent[0])  # fmt: skip
     choice = EncoderChoice("m", Costly("ref"), Words("fast"), shadow=shadow)
     choice.encode("a", add_special_tokens=False)  # the bucket held 0.05 s: checked, now 0.05 s in debt
