@@ -84,12 +84,10 @@ class App:
             Endpoint(EndpointId(e.address), models=frozenset(e.models), role=Role(e.role)) for e in config.endpoints
         ]
         self.registry = EndpointRegistry(endpoints)
+        self.inflight = InflightLoad(config.scheduling.prefill_tokens_per_s)
         self.hot_blocks = HotBlocks(self._kv_blocks)  # per endpoint, the cached blocks recent requests hit
         self.tap = DecisionTap(tenant_classes(config.tenants.classes), CeilingEstimator())
         self.metrics = RouterMetrics(CollectorRegistry(), self.tap)
-        self.calibration = TtftCalibration(self.metrics, cost_learning(config.scheduling))
-        # what we routed drains at each endpoint's learned prefill rate (the configured one until learned)
-        self.inflight = InflightLoad(config.scheduling.prefill_tokens_per_s, slowdown=self._prefill_scale)
         self.indexes = build_indexes(config.index, self._approx_capacity, config.scheduling.prefill_tokens_per_s)
         self.precise, self.approx = self.indexes.precise, self.indexes.approx
         self.shared_load = self.indexes.shared_load
@@ -113,6 +111,7 @@ class App:
         self.feed = EventFeed(
             sources_from_config(config.endpoints), writes, self.approx, self._scheme_of, leases=self.indexes.leases,
         )  # fmt: skip
+        self.calibration = TtftCalibration(self.metrics, cost_learning(config.scheduling))
         forgets = [self.calibration.forget] + ([] if self.occupancy is None else [self.occupancy.cleared])
         self.lifecycle = EndpointLifecycle(self.registry, self.scraper.set_targets, self.feed, self.indexes,
                                            self.inflight, forgets)  # fmt: skip
@@ -187,10 +186,6 @@ class App:
         state = self.registry.snapshot().get(eid)
         known = state.endpoint.num_gpu_blocks if state else None
         return known or self.config.index.approx_capacity_blocks
-
-    def _prefill_scale(self, endpoint: EndpointId) -> float:
-        cost = self.calibration.cost(endpoint)
-        return cost.prefill_scale if cost is not None else 1.0
 
     def _decider_deps(self) -> DeciderDeps:
         return DeciderDeps(

@@ -303,9 +303,9 @@ class LocalDecider:
         load = snapshot(record, self._deps.inflight, shared_queued, self._clock(), self._settings.stale_after_s)
         occupancy = self._deps.occupancy
         shares = occupancy.view(eid) if occupancy is not None else None
-        hot, hits, reuse = None, 0, 1.0
+        hot, hits = None, 0
         if self._deps.hot_blocks is not None:
-            hot, reuse = self._deps.hot_blocks.hot(eid), self._deps.hot_blocks.placement_reuse()
+            hot = self._deps.hot_blocks.hot(eid)
             if 0 < cached_blocks <= len(hashes):
                 hits = self._deps.hot_blocks.hits(eid, hashes[cached_blocks - 1])
         cost = None
@@ -315,7 +315,7 @@ class LocalDecider:
             cost = self._deps.calibration.cost(eid)
         return Candidate(
             record.endpoint, load, cached_blocks, precise=precise, shares=shares, hot_blocks=hot, cost=cost,
-            prefix_hits=hits, placement_reuse=reuse,
+            prefix_hits=hits,
         )  # fmt: skip
 
     def _predicted(self, routing: RoutingRequest, candidates: Sequence[Candidate], decision: Decision) -> None:

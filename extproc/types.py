@@ -153,9 +153,6 @@ class Candidate:
     # requests that hit this request's deepest cached block here lately (``backends.hot_blocks``): how often the
     # prefix a move would copy is reused; 0 when nothing is cached here or it is not tracked
     prefix_hits: int = 0
-    # share of the fleet's recent cold placements that a later request reused (``HotBlocks.placement_reuse``;
-    # the same on every candidate of a decision): how far a cold prompt may be placed past the best estimate
-    placement_reuse: float = 1.0
 
 
 class Reason(enum.StrEnum):

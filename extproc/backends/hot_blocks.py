@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 
 from extproc.types import BlockHash, EndpointId
 
-_PLACEMENTS = 64  # recent placements whose reuse ``placement_reuse`` measures
-
 
 @dataclass(slots=True)
 class _Endpoint:
@@ -37,9 +35,6 @@ class HotBlocks:
     def __init__(self, capacity: Callable[[EndpointId], int | None]) -> None:
         self._capacity = capacity
         self._eps: dict[EndpointId, _Endpoint] = {}
-        # the fleet's last placements: {(endpoint, root block): [placement number, hit since]}, oldest first
-        self._placements: OrderedDict[tuple[EndpointId, BlockHash], list[int]] = OrderedDict()
-        self._placed = 0  # placements so far
 
     def routed(self, endpoint: EndpointId, hashes: Sequence[BlockHash], cached_blocks: int, *, placed: bool) -> None:
         """A request went to ``endpoint``: its first ``cached_blocks`` blocks were hits, the rest are stored.
@@ -50,7 +45,6 @@ class HotBlocks:
             return
         ep = self._eps.setdefault(endpoint, _Endpoint())
         ep.stored += max(len(hashes) - cached_blocks, 0)
-        self._note_placement(endpoint, hashes, cached_blocks, placed)
         hot = hashes if placed else hashes[:cached_blocks]
         for i in range(len(hot) - 1, -1, -1):  # the root block last: it is the most recently useful
             h = hot[i]
@@ -75,34 +69,6 @@ class HotBlocks:
         there (0: never hit, or no longer hot)."""
         ep = self._eps.get(endpoint)
         return ep.counts.get(block, 0) if ep is not None else 0
-
-    def placement_reuse(self) -> float:
-        """The share of the fleet's recent cold placements whose prefix a later request hit where it was placed,
-        counting a placement once a round of placements (one per tracked endpoint) followed it, with one reused
-        placement per endpoint as the prior: 1.0 before any evidence, toward 0 on traffic that never reuses
-        (``TtftProfile._place`` sizes its window by it)."""
-        prior = len(self._eps)
-        judged = reused = 0
-        for number, hit in self._placements.values():
-            if self._placed - number >= prior:
-                judged += 1
-                reused += hit
-        return (reused + prior) / (judged + prior) if prior else 1.0
-
-    def _note_placement(
-        self, endpoint: EndpointId, hashes: Sequence[BlockHash], cached_blocks: int, placed: bool
-    ) -> None:
-        if not hashes:
-            return
-        key = (endpoint, hashes[0])
-        if placed:
-            self._placed += 1
-            self._placements[key] = [self._placed, 0]
-            self._placements.move_to_end(key)
-            if len(self._placements) > _PLACEMENTS:
-                self._placements.popitem(last=False)
-        elif cached_blocks > 0 and key in self._placements:
-            self._placements[key][1] = 1
 
     def forget(self, endpoint: EndpointId) -> None:
         """The endpoint left, or its cache was cleared."""

@@ -23,26 +23,18 @@ class _Queue:
 
 
 class InflightLoad:
-    """Per-endpoint virtual queue of uncached prefill tokens, draining at ``prefill_tokens_per_s`` divided by the
-    endpoint's ``slowdown`` (the learned ``LearnedCost.prefill_scale``; none: 1, the configured rate)."""
+    """Per-endpoint virtual queue of uncached prefill tokens, draining at ``prefill_tokens_per_s``."""
 
-    def __init__(
-        self,
-        prefill_tokens_per_s: float,
-        clock: Callable[[], float] = time.monotonic,
-        slowdown: Callable[[EndpointId], float] | None = None,
-    ) -> None:
+    def __init__(self, prefill_tokens_per_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self._rate = prefill_tokens_per_s
         self._clock = clock
-        self._slowdown = slowdown
         self._queues: dict[EndpointId, _Queue] = {}
         self._mean_uncached = 0.0
 
     def _drained(self, endpoint: EndpointId) -> _Queue:
         now = self._clock()
         q = self._queues.setdefault(endpoint, _Queue(updated_s=now))
-        rate = self._rate / self._slowdown(endpoint) if self._slowdown is not None else self._rate
-        q.tokens = max(0.0, q.tokens - rate * (now - q.updated_s))
+        q.tokens = max(0.0, q.tokens - self._rate * (now - q.updated_s))
         q.updated_s = now
         return q
 

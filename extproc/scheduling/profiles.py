@@ -101,11 +101,8 @@ class TtftProfile:
         """Where a cold prompt goes: its prefix will attract the requests that share it, so among the endpoints
         within ``stickiness_s`` of the best estimate, the one whose cache serves the least hot traffic (fewest
         hot blocks); a momentary queue must not decide where a prefix lives (unbalanced placements overload one
-        endpoint for good once requests hold on their warm endpoints). The window shrinks with the measured
-        reuse of placements (``Candidate.placement_reuse``): a prefix nobody reuses attracts nothing, and its
-        placement is by estimate alone. Untracked hot sets: by estimate alone."""
-        window = self.stickiness_s * min(c.placement_reuse for c in candidates)
-        near = [c for c in candidates if est[c.endpoint.id] <= best + window]
+        endpoint for good once requests hold on their warm endpoints). Untracked hot sets: by estimate alone."""
+        near = [c for c in candidates if est[c.endpoint.id] <= best + self.stickiness_s]
         if any(c.hot_blocks is None for c in near):
             return _spread(est, best, self.tie_epsilon_s, rng)
         least = min(c.hot_blocks or 0 for c in near)

@@ -66,19 +66,3 @@ def test_hits_count_the_requests_that_reused_a_block_while_it_stayed_hot() -> No
     assert (hot.hits(A, tools[-1]), hot.hits(A, BlockHash(2000)), hot.hits(B, tools[-1])) == (3, 0, 0)
     hot.routed(A, hashes(5000, 100), cached_blocks=0, placed=False)  # capacity stored since: cooled, forgotten
     assert hot.hits(A, tools[-1]) == 0
-
-
-@pytest.mark.parametrize(
-    ("reused", "expected"),
-    [(0, (0 + 2) / (8 + 2)), (8, 1.0)],
-    ids=["unique-prompts-shrink-it", "reused-prefixes-keep-it"],
-)
-def test_placement_reuse_counts_placements_a_later_request_hit(reused: int, expected: float) -> None:
-    hot = HotBlocks(lambda e: 10_000)
-    assert hot.placement_reuse() == 1.0  # no evidence: the full window
-    for i in range(10):  # 10 placements over 2 endpoints; the last 2 are too recent to judge
-        ep = (A, B)[i % 2]
-        hot.routed(ep, hashes(100 * i, 4), cached_blocks=0, placed=True)
-        if i < reused:
-            hot.routed(ep, hashes(100 * i, 4) + hashes(5000 + i, 1), cached_blocks=4, placed=False)
-    assert hot.placement_reuse() == pytest.approx(expected)

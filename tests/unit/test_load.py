@@ -4,7 +4,6 @@ from dataclasses import dataclass
 
 import pytest
 
-from extproc.backends.inflight import InflightLoad
 from extproc.backends.load import snapshot
 from extproc.backends.registry import EndpointRecord
 from extproc.backends.vllm_metrics import EngineMetrics
@@ -89,15 +88,3 @@ TABLE = [
 )
 def test_snapshot(record: EndpointRecord, routed: Routed, shared: float, now: float, expected: LoadSnapshot) -> None:
     assert snapshot(record, routed, shared, now, STALE_AFTER_S) == expected
-
-
-@pytest.mark.parametrize(
-    ("slowdown", "left"), [(None, 500.0), (2.0, 750.0)], ids=["configured-rate", "learned-2x-slower"]
-)
-def test_routed_load_drains_at_the_learned_prefill_rate(slowdown: float | None, left: float) -> None:
-    now = [0.0]
-    scale = (lambda e: slowdown) if slowdown is not None else None
-    inflight = InflightLoad(1000.0, clock=lambda: now[0], slowdown=scale)
-    inflight.add(EndpointId("a:1"), 1000)
-    now[0] = 0.5
-    assert inflight.queued_tokens(EndpointId("a:1")) == pytest.approx(left)

@@ -93,16 +93,3 @@ def test_a_learned_cost_reweighs_the_estimates_terms(cost: LearnedCost | None, e
     c = Candidate(Endpoint(A), load, 0, precise=True, cost=cost)
     params = replace(DEFAULT.params, prefill_tokens_per_s=12000.0)
     assert estimate_ttft_s(c, 120, 16, params) == pytest.approx(expected_s)
-
-
-@pytest.mark.parametrize(
-    ("reuse", "pick"), [(1.0, B), (0.0, A)], ids=["reused-placements-go-where-traffic-is-cold", "none-by-estimate"]
-)
-def test_the_placement_window_is_sized_by_measured_reuse(reuse: float, pick: EndpointId) -> None:
-    # a cold prompt: A has the lower estimate (0.1 s less) but more hot traffic than B
-    candidates = [
-        replace(cand(A, 0, hot=500), placement_reuse=reuse),
-        replace(cand(B, 0, queued=1200, hot=10), placement_reuse=reuse),
-    ]
-    decision = DEFAULT.decide(req(1280), candidates, random.Random(0))
-    assert (decision.endpoints[0], decision.reason) == (pick, Reason.LOAD)
