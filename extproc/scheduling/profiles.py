@@ -87,7 +87,11 @@ class TtftProfile:
         if warm_est <= best + self.stickiness_s:  # worth staying by the request's own estimate; the prefix's?
             allowed = [c for c in candidates if c.endpoint.id in move]
             invested = invested_estimates(request, warm, allowed, est, self.params)
-            if invested and min(invested.values()) < warm_est:  # the copy pays for itself over its reuse
+            # the copy pays for itself over its reuse, by more than a tie, against load that lasts: not the
+            # requests routed since the last scrape (a bridge until the scrape shows them; many are done)
+            lasting = replace(warm, load=replace(warm.load, inflight_requests=0))
+            lasting_s = estimate_ttft_s(lasting, request.prompt_tokens, request.block_size, self.params)
+            if invested and min(invested.values()) < lasting_s - self.tie_epsilon_s:
                 return _spread(invested, min(invested.values()), self.tie_epsilon_s, rng), Reason.MOVE
             return warm.endpoint.id, Reason.CACHE
         best_move = min(move.values())  # the warm endpoint is always a "move" at its own estimate

@@ -39,11 +39,14 @@ def cand(
     queued: float = 0.0,
     running: int = 0,
     waiting: int = 0,
+    inflight: int = 0,
     hits: int = 0,
     hot: int | None = 0,
     cost: LearnedCost | None = None,
 ) -> Candidate:
-    load = LoadSnapshot(known=True, queued_prefill_tokens=queued, running=running, waiting=waiting)
+    load = LoadSnapshot(
+        known=True, queued_prefill_tokens=queued, running=running, waiting=waiting, inflight_requests=inflight
+    )
     endpoint = Endpoint(eid, num_gpu_blocks=1024)
     return Candidate(endpoint, load, cached, precise=True, hot_blocks=hot, cost=cost, prefix_hits=hits)
 
@@ -60,6 +63,8 @@ TABLE = [
      "busy-target-is-no-move"),
     ([cand(A, 64, queued=500, running=16, hits=9), cand(B, 0, hot=1024)], 1280, A, Reason.CACHE,
      "no-room-for-the-copy-is-no-move"),
+    # requests routed since the last scrape (10 ms each in the estimate) are a bridge, not load that lasts
+    ([cand(A, 64, inflight=5, hits=9), cand(B, 0)], 1280, A, Reason.CACHE, "routed-since-scrape-is-no-reason"),
     # the piled backend's decode interference as learned: a prefix reused 3x pays for its copy only then
     ([cand(A, 64, queued=500, running=16, hits=2), cand(B, 0)], 1280, A, Reason.CACHE, "configured-cost-stays"),
     ([cand(A, 64, queued=500, running=16, hits=2, cost=PILED), cand(B, 0, cost=PILED)], 1280, B, Reason.MOVE,
