@@ -16,13 +16,13 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from extproc.backends.calibration import TtftCalibration
+from extproc.backends.calibration import CostLearning, TtftCalibration
 from extproc.backends.dns import DnsDiscovery, DnsResolver, system_nameserver
 from extproc.backends.hot_blocks import HotBlocks
 from extproc.backends.inflight import InflightLoad
 from extproc.backends.registry import EndpointRegistry
 from extproc.backends.scraper import Scraper
-from extproc.config import DEFAULT_CLASS, DnsDiscoveryConfig, EndpointConfig, RouterConfig
+from extproc.config import DEFAULT_CLASS, DnsDiscoveryConfig, EndpointConfig, RouterConfig, SchedulingConfig
 from extproc.decider import DeciderDeps, LocalDecider
 from extproc.diagnostics.report import render_section
 from extproc.front_build import build_front, processor_options, router_settings, warm_up
@@ -35,7 +35,8 @@ from extproc.observability import CountersCollector, PreciseGauge, RouterMetrics
 from extproc.protocol.server import RunningServer, start_server
 from extproc.resolvers import SchemeResolver, TenantResolver
 from extproc.router import Router
-from extproc.scheduling.build import build_pd, build_profile
+from extproc.scheduling.build import build_pd, build_profile, estimator_params
+from extproc.scheduling.estimate import configured_cost
 from extproc.status.ceiling import CeilingEstimator
 from extproc.status.service import FleetStatus
 from extproc.status.tap import DecisionTap, tenant_classes
@@ -110,7 +111,8 @@ class App:
         self.feed = EventFeed(
             sources_from_config(config.endpoints), writes, self.approx, self._scheme_of, leases=self.indexes.leases,
         )  # fmt: skip
-        forgets = [] if self.occupancy is None else [self.occupancy.cleared]
+        self.calibration = TtftCalibration(self.metrics, cost_learning(config.scheduling))
+        forgets = [self.calibration.forget] + ([] if self.occupancy is None else [self.occupancy.cleared])
         self.lifecycle = EndpointLifecycle(self.registry, self.scraper.set_targets, self.feed, self.indexes,
                                            self.inflight, forgets)  # fmt: skip
         self.metrics.registry.register(CountersCollector("router_kv", self._kv_counters))
@@ -202,7 +204,8 @@ class App:
             lookups_wait_on_io=self.config.index.backend == "redis",
             occupancy=self.occupancy,
             hot_blocks=self.hot_blocks,
-            calibration=TtftCalibration(self.metrics),
+            calibration=self.calibration,
+            estimator=estimator_params(self.config.scheduling),
         )
 
     async def start(self) -> None:
@@ -289,3 +292,13 @@ class App:
         await self.feed.stop()
         await self.indexes.close()
         self.front.shutdown()
+
+
+def cost_learning(scheduling: SchedulingConfig) -> CostLearning:
+    """``scheduling.cost_model`` as the calibration's learning settings, starting from the configured estimate."""
+    params = estimator_params(scheduling)
+    return CostLearning(
+        **scheduling.cost_model.model_dump(),
+        prior=configured_cost(params),
+        prefill_tokens_per_s=params.prefill_tokens_per_s,
+    )

@@ -218,6 +218,29 @@ class PdConfig(_Strict):
     )
 
 
+class CostModelConfig(_Strict):
+    """The TTFT estimate learned per endpoint from the engines' own TTFT (``backends/calibration.py``,
+    ``docs/scheduling.md``): four weights of the configured estimate's terms, each bounded."""
+
+    learn: bool = Field(
+        True, description="learn each endpoint's cost model online and estimate with it; false: measure only"
+    )
+    max_scale: float = Field(
+        4.0,
+        ge=1,
+        description="bound on how far the learned prefill rate and queue drain may move from the configured ones "
+        "(a factor, either way)",
+    )
+    learning_rate: float = Field(0.3, gt=0, le=1, description="share of an interval's error a learning step removes")
+    max_interference_per_running: float = Field(0.1, ge=0, description="bound on the learned slowdown per running")
+    max_base_s: float = Field(
+        0.5,
+        ge=0,
+        description="bound on the learned fixed seconds per request (a step's fixed part); the default is ample "
+        "for the simulator slowed 5x",
+    )
+
+
 class SchedulingConfig(_Strict):
     """How the decision is made: one profile (a tagged union on ``profile.type``) plus what every profile shares.
 
@@ -238,6 +261,9 @@ class SchedulingConfig(_Strict):
     fallbacks: int = Field(2, ge=0, description="extra endpoints in the header for Envoy's retries")
     shed_ttft_s: float = Field(30.0, gt=0, description="sheddable (priority<0) requests get 429 beyond this")
     pd: PdConfig = Field(default_factory=PdConfig, description="prefill/decode disaggregation (needs prefill roles)")
+    cost_model: CostModelConfig = Field(
+        default_factory=CostModelConfig, description="the TTFT estimate learned per endpoint from what happened"
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -32,6 +32,7 @@ from extproc.kvcache.occupancy import Occupancy
 from extproc.observability import PhaseTimer, RouterMetrics
 from extproc.redis.shared_load import SharedLoad, SharedLoadUnavailable
 from extproc.scheduling import pd
+from extproc.scheduling.estimate import EstimatorParams, cost_terms
 from extproc.scheduling.filters import eligible
 from extproc.scheduling.profiles import Profile
 from extproc.types import (
@@ -150,7 +151,8 @@ class DeciderDeps:
     pd: pd.PdPolicy | None = None  # prefill/decode disaggregation (engages only with prefill-role endpoints)
     occupancy: Occupancy | None = None  # the cache by tenant class (kvcache/occupancy.py); None: not kept
     hot_blocks: HotBlocks | None = None  # per endpoint, the cached blocks recent requests hit (a copy's bound)
-    calibration: TtftCalibration | None = None  # predicted vs the engine's TTFT, per endpoint (measure-only)
+    calibration: TtftCalibration | None = None  # predicted vs the engine's TTFT, per endpoint; the learned costs
+    estimator: EstimatorParams | None = None  # the configured estimate's constants (the terms the calibration learns)
 
 
 class LocalDecider:
@@ -217,11 +219,12 @@ class LocalDecider:
             matches, shared = await self._lookup(hashes, ids, precise), await self._shared_queued(ids)
         timer.mark("lookup")
         candidates = [
-            self._candidate(states[e.id], matches.get(e.id, 0), shared.get(e.id, 0.0), e.id in precise)
+            self._candidate(states[e.id], hashes, matches.get(e.id, 0), shared.get(e.id, 0.0), e.id in precise)
             for e in endpoints
         ]
         decision, split = pd.decide(self._deps.profile, self._deps.pd, routing, candidates, self._rng)
         timer.mark("score")
+        self._predicted(routing, candidates, decision)
         return decision, precise, split
 
     async def _lookup(
@@ -289,15 +292,44 @@ class LocalDecider:
                   name, why, missed)  # fmt: skip
 
     def _candidate(
-        self, record: EndpointRecord, cached_blocks: int, shared_queued: float = 0.0, precise: bool = False
+        self,
+        record: EndpointRecord,
+        hashes: Sequence[BlockHash],
+        cached_blocks: int,
+        shared_queued: float = 0.0,
+        precise: bool = False,
     ) -> Candidate:
+        eid = record.endpoint.id
         load = snapshot(record, self._deps.inflight, shared_queued, self._clock(), self._settings.stale_after_s)
         occupancy = self._deps.occupancy
-        shares = occupancy.view(record.endpoint.id) if occupancy is not None else None
-        hot = self._deps.hot_blocks.hot(record.endpoint.id) if self._deps.hot_blocks else None
-        if self._deps.calibration is not None and record.metrics is not None:
-            self._deps.calibration.observe(record.endpoint.id, record.metrics.ttft)
-        return Candidate(record.endpoint, load, cached_blocks, precise=precise, shares=shares, hot_blocks=hot)
+        shares = occupancy.view(eid) if occupancy is not None else None
+        hot, hits = None, 0
+        if self._deps.hot_blocks is not None:
+            hot = self._deps.hot_blocks.hot(eid)
+            if 0 < cached_blocks <= len(hashes):
+                hits = self._deps.hot_blocks.hits(eid, hashes[cached_blocks - 1])
+        cost = None
+        if self._deps.calibration is not None:
+            if record.metrics is not None:
+                self._deps.calibration.observe(eid, record.metrics.ttft)
+            cost = self._deps.calibration.cost(eid)
+        return Candidate(
+            record.endpoint, load, cached_blocks, precise=precise, shares=shares, hot_blocks=hot, cost=cost,
+            prefix_hits=hits,
+        )  # fmt: skip
+
+    def _predicted(self, routing: RoutingRequest, candidates: Sequence[Candidate], decision: Decision) -> None:
+        """The pick's predicted TTFT and the estimate's terms behind it, for the calibration to check and learn."""
+        pick = decision.endpoints[0]
+        calibration, params = self._deps.calibration, self._deps.estimator
+        if calibration is None or pick not in decision.estimates_s:
+            return
+        if params is None:
+            calibration.predicted(pick, decision.estimates_s[pick])
+            return
+        chosen = next(c for c in candidates if c.endpoint.id == pick)
+        terms = cost_terms(chosen, routing.prompt_tokens, routing.block_size, params)
+        calibration.predicted(pick, decision.estimates_s[pick], terms.features(), terms.fixed_s)
 
     async def _record(
         self,
@@ -321,8 +353,6 @@ class LocalDecider:
             self._deps.hot_blocks.routed(
                 pick, routing.block_hashes, decision.cached_tokens // routing.block_size, placed=placed
             )
-        if self._deps.calibration is not None and pick in decision.estimates_s:
-            self._deps.calibration.predicted(pick, decision.estimates_s[pick])
         if self._deps.shared_load is not None:
             self._spawn(self._deps.shared_load.add(pick, uncached))
         if self._deps.occupancy is not None:

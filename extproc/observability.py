@@ -11,7 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from extproc.types import Decision, RoutingRequest
+    from extproc.types import Decision, LearnedCost, RoutingRequest
 
 PHASES = ("parse", "tokenize", "hash", "lookup", "score", "total")
 # |predicted - actual| / actual of one scrape interval's mean TTFT (``backends.calibration``)
@@ -113,6 +113,22 @@ class RouterMetrics:
             ["endpoint"],
             registry=registry,
         )
+
+        self.cost_model = Gauge(
+            "router_cost_model",
+            "The TTFT cost model learned per endpoint (backends.calibration): param=base_seconds, "
+            "prefill_tokens_per_second, interference_per_running, queue_scale",
+            ["endpoint", "param"],
+            registry=registry,
+        )
+
+    def learned(self, endpoint: str, cost: LearnedCost, prefill_tokens_per_s: float) -> None:
+        """``endpoint``'s cost model after a learning step (``backends.calibration``)."""
+        g = self.cost_model
+        g.labels(endpoint, "base_seconds").set(cost.base_s)
+        g.labels(endpoint, "prefill_tokens_per_second").set(prefill_tokens_per_s)
+        g.labels(endpoint, "interference_per_running").set(cost.interference_per_running)
+        g.labels(endpoint, "queue_scale").set(cost.queue_scale)
 
     def interval(self, endpoint: str, predicted_s: float, actual_s: float, ratio: float) -> None:
         """One scrape interval's predicted and actual mean TTFT on ``endpoint`` (``backends.calibration``)."""

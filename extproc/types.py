@@ -133,6 +133,18 @@ class RoutingRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class LearnedCost:
+    """What the cost model learned of one endpoint (``backends.calibration``), in the TTFT estimate's terms:
+    ``base_s + prefill_scale * work_s * (1 + interference_per_running * running) + queue_scale * queue_s``,
+    where ``work_s`` and ``queue_s`` are the configured estimate's prefill and per-request queue terms."""
+
+    base_s: float  # seconds every request waits whatever its size (a step's fixed part, the scheduler's turn)
+    prefill_scale: float  # configured prefill seconds -> real ones (learned tokens/s = configured / this)
+    interference_per_running: float  # fractional prefill slowdown per running request (decode interference)
+    queue_scale: float  # configured per-request queue seconds -> real ones (the queue's drain)
+
+
+@dataclass(frozen=True, slots=True)
 class Candidate:
     """One eligible endpoint with everything the scorers read: frozen input to a pure decision."""
 
@@ -144,6 +156,10 @@ class Candidate:
     # blocks of its prefix cache that recent requests hit (``backends.hot_blocks``): what a copy must not evict;
     # None: not tracked (capacity unknown)
     hot_blocks: int | None = None
+    cost: LearnedCost | None = None  # the endpoint's learned cost model; None: the configured estimate
+    # requests that hit this request's deepest cached block here lately (``backends.hot_blocks``): how often the
+    # prefix a move would copy is reused; 0 when nothing is cached here or it is not tracked
+    prefix_hits: int = 0
 
 
 class Reason(enum.StrEnum):
@@ -153,6 +169,7 @@ class Reason(enum.StrEnum):
     LOAD = "load"  # no useful prefix anywhere: picked by load
     SPILL = "spill"  # a warm endpoint existed but was too busy; went cold
     SHARE = "share"  # tenant cache shares narrowed the candidates (kept off another class's protected blocks)
+    MOVE = "move"  # left the warm endpoint: the copy, spread over its prefix's reuse, costs less than the queue
     HOLD = "hold"  # the warm endpoint is busy, but no other has room for a copy: queue there, evict nothing
     NO_TOKENS = "no_tokens"  # tokenization failed or timed out; picked by load
     SHED = "shed"

@@ -315,7 +315,9 @@ def render(doc: dict[str, Any], plots: list[str], notes: str = "") -> str:
     if diagnostics:
         out += ["", "## Picker decisions", "", "Decisions by reason and index failures of our pickers, per cell, "
                 "and the cached tokens they predicted against what the backends reported "
-                "(`cache`: warm endpoint; `load`: no useful prefix; `spill`: warm endpoint passed over for load).",
+                "(`cache`: warm endpoint; `load`: no useful prefix; `spill`: warm endpoint passed over for load; "
+                "`hold`: busy warm endpoint kept, no idle one with room; `move`: left the warm endpoint, the copy "
+                "spread over the prefix's reuse costing less than its queue).",
                 "", *diagnostics]  # fmt: skip
     return "\n".join(out) + "\n"
 

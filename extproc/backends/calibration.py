@@ -1,32 +1,60 @@
-"""Predicted against actual time to first token, per endpoint: the TTFT estimate checked against what happened.
+"""Predicted against actual time to first token, per endpoint: the TTFT estimate checked against what happened,
+and a cost model learned from the difference.
 
 The decision predicts each pick's TTFT (``scheduling.estimate``); the engine counts what its requests really
 waited (``vllm:time_to_first_token_seconds`` ``_sum``/``_count``, through ``EngineMetrics.ttft``). Between two
 scrapes of an endpoint we compare the mean predicted TTFT of the requests we routed there with the mean TTFT
 the engine reports for the requests that got their first token meanwhile. The two sets are not the same
 requests (a request routed just before a scrape gets its first token after it), so an interval is one noisy
-sample; many intervals give the error's distribution and the ratio actual / predicted, the factor a calibrated
-estimate would apply.
+sample; many intervals give the error's distribution.
 
-Measure-only for now: nothing here changes a decision. When: ``predicted`` once per decision (from the decider),
-``observe`` with each endpoint's latest scrape (the decider passes the record it already holds).
+**Learning** (``CostLearning``; ``docs/scheduling.md``). The estimate is linear in four weights of its own terms
+(``types.LearnedCost``): a fixed per-request cost, the prefill rate, the decode interference per running request
+and the queue's drain. Each closed interval is one sample (mean terms of the requests routed, the engine's mean
+TTFT); the weights take one normalized least-mean-squares step toward it, on features scaled by their running
+RMS (so the one-second constant does not drown the token terms), with the step's error clipped to half the
+sample's size (one wild interval moves little) and every weight clamped to its bounds. The decision reads the
+result as ``Candidate.cost``; it stays pure.
+
+When: ``predicted`` once per decision (from the decider), ``observe`` with each endpoint's latest scrape (the
+decider passes the record it already holds).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from extproc.backends.vllm_metrics import PhaseTotals
-from extproc.types import EndpointId
+from extproc.types import EndpointId, LearnedCost
 
 _RATIO_WEIGHT = 0.1  # each interval's share of the running actual / predicted ratio
+_RMS_WEIGHT = 0.05  # each interval's share of a feature's running mean square
+_FEATURES = 4  # (1, work, work x running, queue): ``scheduling.estimate.CostTerms.features``
+_FLOOR = 1e-12
 
 
 class ErrorSink(Protocol):
-    """Where interval errors go (``RouterMetrics``' histogram and gauges, or a test's list)."""
+    """Where interval errors and learned costs go (``RouterMetrics``' histogram and gauges, or a test's list)."""
 
     def interval(self, endpoint: EndpointId, predicted_s: float, actual_s: float, ratio: float) -> None: ...
+
+    def learned(self, endpoint: EndpointId, cost: LearnedCost, prefill_tokens_per_s: float) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CostLearning:
+    """How the cost model learns (``config.CostModelConfig``; no defaults here). ``prior``: the configured
+    estimate as weights; ``prefill_tokens_per_s``: the configured rate (to export the learned one)."""
+
+    learn: bool
+    learning_rate: float
+    max_base_s: float
+    max_scale: float
+    max_interference_per_running: float
+    prior: LearnedCost
+    prefill_tokens_per_s: float
 
 
 @dataclass(slots=True)
@@ -34,21 +62,33 @@ class _Endpoint:
     seen: PhaseTotals | None = None  # the engine's totals at the last interval's end
     predicted_s: float = 0.0  # summed predictions of requests routed since then
     routed: int = 0
+    features: list[float] = field(default_factory=lambda: [0.0] * _FEATURES)  # summed since then
+    fixed_s: float = 0.0  # summed unlearned terms since then
     ratio: float = 1.0  # running actual / predicted
+    weights: list[float] | None = None  # (base, scale, scale x interference, queue scale); None: not learned
+    mean_square: list[float] | None = None  # of each feature, running
 
 
 class TtftCalibration:
-    """Per endpoint: predictions since the last scrape, the engine's totals then, the running ratio."""
+    """Per endpoint: predictions since the last scrape, the engine's totals then, the running ratio and the
+    learned weights."""
 
-    def __init__(self, sink: ErrorSink) -> None:
+    def __init__(self, sink: ErrorSink, learning: CostLearning) -> None:
         self._sink = sink
+        self._learning = learning
         self._eps: dict[EndpointId, _Endpoint] = {}
 
-    def predicted(self, endpoint: EndpointId, ttft_s: float) -> None:
-        """The decision routed a request to ``endpoint`` expecting ``ttft_s``."""
+    def predicted(
+        self, endpoint: EndpointId, ttft_s: float, features: Sequence[float] = (), fixed_s: float = 0.0
+    ) -> None:
+        """The decision routed a request to ``endpoint`` expecting ``ttft_s``, from the estimate's ``features``
+        (``CostTerms.features()``; empty: nothing to learn from) and unlearned ``fixed_s``."""
         ep = self._eps.setdefault(endpoint, _Endpoint())
         ep.predicted_s += ttft_s
         ep.routed += 1
+        for i, f in enumerate(features[:_FEATURES]):
+            ep.features[i] += f
+        ep.fixed_s += fixed_s
 
     def observe(self, endpoint: EndpointId, totals: PhaseTotals | None) -> None:
         """The engine's cumulative TTFT totals as last scraped; closes an interval when they moved."""
@@ -57,7 +97,7 @@ class TtftCalibration:
         ep = self._eps.setdefault(endpoint, _Endpoint())
         prev, ep.seen = ep.seen, totals
         if prev is None or totals.requests < prev.requests:  # first sight, or the engine restarted
-            ep.predicted_s, ep.routed = 0.0, 0
+            self._reset(ep)
             return
         done = totals.requests - prev.requests
         if done <= 0:
@@ -69,12 +109,68 @@ class TtftCalibration:
             if predicted > 0 and actual > 0:
                 ep.ratio += _RATIO_WEIGHT * (actual / predicted - ep.ratio)
                 self._sink.interval(endpoint, predicted, actual, ep.ratio)
-        ep.predicted_s, ep.routed = 0.0, 0
+                if self._learning.learn and ep.features[0] > 0:
+                    self._learn(endpoint, ep, actual)
+        self._reset(ep)
 
     def ratio(self, endpoint: EndpointId) -> float:
         """The running actual / predicted TTFT of ``endpoint`` (1.0 until measured)."""
         ep = self._eps.get(endpoint)
         return ep.ratio if ep else 1.0
 
+    def cost(self, endpoint: EndpointId) -> LearnedCost | None:
+        """``endpoint``'s learned cost model. One not taught yet (no traffic, or just joined) gets the mean of
+        the others' weights: an untaught endpoint priced by the configured estimate would look cheaper than
+        every taught one only because nothing corrected it yet. None while nothing is learned (or learning is
+        off)."""
+        ep = self._eps.get(endpoint)
+        if ep is not None and ep.weights is not None:
+            return _as_cost(ep.weights)
+        taught = [e.weights for e in self._eps.values() if e.weights is not None]
+        if not taught:
+            return None
+        return _as_cost([sum(w[i] for w in taught) / len(taught) for i in range(_FEATURES)])
+
     def forget(self, endpoint: EndpointId) -> None:
         self._eps.pop(endpoint, None)
+
+    @staticmethod
+    def _reset(ep: _Endpoint) -> None:
+        ep.predicted_s, ep.routed, ep.fixed_s = 0.0, 0, 0.0
+        ep.features = [0.0] * _FEATURES
+
+    def _learn(self, endpoint: EndpointId, ep: _Endpoint, actual_s: float) -> None:
+        """One normalized LMS step of ``ep``'s weights toward this interval's mean (module docstring)."""
+        f = [x / ep.routed for x in ep.features]
+        target = actual_s - ep.fixed_s / ep.routed
+        w = ep.weights if ep.weights is not None else _as_weights(self._learning.prior)
+        ms = ep.mean_square if ep.mean_square is not None else [max(x * x, _FLOOR) for x in f]
+        ms = [m + _RMS_WEIGHT * (x * x - m) for m, x in zip(ms, f, strict=True)]
+        guess = sum(wi * fi for wi, fi in zip(w, f, strict=True))
+        bound = 0.5 * (abs(target) + abs(guess))
+        error = min(max(target - guess, -bound), bound)
+        norm = sum(x * x / max(m, _FLOOR) for x, m in zip(f, ms, strict=True)) + _FLOOR
+        step = self._learning.learning_rate * error / norm
+        w = [wi + step * fi / max(m, _FLOOR) for wi, fi, m in zip(w, f, ms, strict=True)]
+        ep.weights, ep.mean_square = self._clamped(w), ms
+        cost = _as_cost(ep.weights)
+        self._sink.learned(endpoint, cost, self._learning.prefill_tokens_per_s / cost.prefill_scale)
+
+    def _clamped(self, w: list[float]) -> list[float]:
+        lo, hi = 1.0 / self._learning.max_scale, self._learning.max_scale
+        scale = min(max(w[1], lo), hi)
+        return [
+            min(max(w[0], 0.0), self._learning.max_base_s),
+            scale,
+            min(max(w[2], 0.0), scale * self._learning.max_interference_per_running),
+            min(max(w[3], lo), hi),
+        ]
+
+
+def _as_weights(cost: LearnedCost) -> list[float]:
+    """The cost model as the linear weights of ``CostTerms.features()``."""
+    return [cost.base_s, cost.prefill_scale, cost.prefill_scale * cost.interference_per_running, cost.queue_scale]
+
+
+def _as_cost(w: Sequence[float]) -> LearnedCost:
+    return LearnedCost(base_s=w[0], prefill_scale=w[1], interference_per_running=w[2] / w[1], queue_scale=w[3])

@@ -6,7 +6,9 @@ of it is dead weight: each request's own question and answer, used once. What a 
 been stored on the endpoint since its last hit: vLLM evicts least recently used first, so that is exactly how
 long an unreused block survives. No window to tune: the endpoint's own capacity and store rate set it.
 
-Fed by the decider once per decision (``routed``), read per candidate (``hot``). Not thread-safe: the event loop.
+Fed by the decider once per decision (``routed``), read per candidate (``hot``, ``hits``: how often the
+request's deepest cached block was hit there, the reuse a copy of that prefix is spread over). Not
+thread-safe: the event loop.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class _Endpoint:
     stored: int = 0  # blocks stored on the endpoint so far (our routed uncached blocks)
     # {block_hash: value of ``stored`` at its last hit}, oldest hit first
     hits: OrderedDict[BlockHash, int] = field(default_factory=OrderedDict)
+    counts: dict[BlockHash, int] = field(default_factory=dict)  # {block_hash: requests that hit it while hot}
 
 
 class HotBlocks:
@@ -43,9 +46,11 @@ class HotBlocks:
         ep = self._eps.setdefault(endpoint, _Endpoint())
         ep.stored += max(len(hashes) - cached_blocks, 0)
         hot = hashes if placed else hashes[:cached_blocks]
-        for h in reversed(hot):  # the root block last: it is the most recently useful
+        for i in range(len(hot) - 1, -1, -1):  # the root block last: it is the most recently useful
+            h = hot[i]
             ep.hits[h] = ep.stored
             ep.hits.move_to_end(h)
+            ep.counts[h] = ep.counts.get(h, 0) + (i < cached_blocks)
         self._prune(ep, cap)
 
     def hot(self, endpoint: EndpointId) -> int | None:
@@ -59,6 +64,12 @@ class HotBlocks:
         self._prune(ep, cap)
         return len(ep.hits)
 
+    def hits(self, endpoint: EndpointId, block: BlockHash) -> int:
+        """Requests routed to ``endpoint`` that hit ``block`` while it stayed hot: how often that prefix is reused
+        there (0: never hit, or no longer hot)."""
+        ep = self._eps.get(endpoint)
+        return ep.counts.get(block, 0) if ep is not None else 0
+
     def forget(self, endpoint: EndpointId) -> None:
         """The endpoint left, or its cache was cleared."""
         self._eps.pop(endpoint, None)
@@ -71,3 +82,4 @@ class HotBlocks:
             if ep.stored - at < cap and len(hits) <= cap:
                 return
             del hits[oldest]
+            ep.counts.pop(oldest, None)

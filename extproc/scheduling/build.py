@@ -20,7 +20,7 @@ def build_profile(scheduling: SchedulingConfig, tenants: TenantsConfig | None = 
     if not isinstance(p, TtftProfileConfig):
         return WeightedProfile(weights=dict(p.weights), fallbacks=scheduling.fallbacks)
     return TtftProfile(
-        params=_estimator_params(scheduling),
+        params=estimator_params(scheduling),
         stickiness_s=p.stickiness_s,
         min_prefix_share=p.min_prefix_share,
         tie_epsilon_s=p.tie_epsilon_s,
@@ -36,7 +36,7 @@ def build_pd(scheduling: SchedulingConfig) -> PdPolicy:
     profile is weighted)."""
     pd = scheduling.pd
     return PdPolicy(
-        params=_estimator_params(scheduling),
+        params=estimator_params(scheduling),
         non_cached_tokens=pd.non_cached_tokens,
         max_extra_ttft_s=pd.max_extra_ttft_s,
         kv_transfer_s_per_token=pd.kv_transfer_s_per_token,
@@ -44,7 +44,9 @@ def build_pd(scheduling: SchedulingConfig) -> PdPolicy:
     )
 
 
-def _estimator_params(scheduling: SchedulingConfig) -> EstimatorParams:
+def estimator_params(scheduling: SchedulingConfig) -> EstimatorParams:
+    """The configured estimate's constants (the TTFT profile's, or the defaults' when the profile is weighted);
+    also the prior the cost model learns from (``app.py``)."""
     p = scheduling.profile if isinstance(scheduling.profile, TtftProfileConfig) else TtftProfileConfig()
     return EstimatorParams(
         prefill_tokens_per_s=scheduling.prefill_tokens_per_s,

@@ -3,14 +3,15 @@
 The model: the request waits for the prefill work queued ahead of it, then its own *uncached* tokens are
 prefilled. Both run at the endpoint's prefill rate, slowed by the decode batch sharing each step. Requests
 waiting for a slot add a fixed overhead each; a KV cache near full delays admission; an endpoint whose load we
-cannot read is not assumed idle. Pure: no clocks, no I/O.
+cannot read is not assumed idle. The configured constants give each term; an endpoint's learned cost model
+(``Candidate.cost``, learned by ``backends.calibration``) reweighs them. Pure: no clocks, no I/O.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from extproc.types import Candidate
+from extproc.types import Candidate, LearnedCost
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,16 +52,51 @@ def copy_fits(candidate: Candidate, prompt_tokens: int, block_size: int) -> bool
     return candidate.hot_blocks + in_use + new_blocks <= capacity
 
 
-def estimate_ttft_s(candidate: Candidate, prompt_tokens: int, block_size: int, params: EstimatorParams) -> float:
-    """Estimated seconds until the first token if this request went to ``candidate`` now."""
+@dataclass(frozen=True, slots=True)
+class CostTerms:
+    """The estimate's terms for one request on one candidate, in the configured model's seconds; the learned
+    cost model (``types.LearnedCost``) weighs them. ``fixed_s`` (KV pressure, unknown load) is not learned."""
+
+    work_s: float  # prefill queued ahead plus this request's uncached tokens, at the configured rate
+    running: int  # requests in the decode batch the prefill shares steps with
+    queue_s: float  # waiting and in-flight requests, at the configured per-request overhead
+    fixed_s: float
+
+    def features(self) -> tuple[float, float, float, float]:
+        """What each learned weight multiplies: (1, work, work x running, queue); ``LearnedCost``'s order."""
+        return 1.0, self.work_s, self.work_s * self.running, self.queue_s
+
+
+def configured_cost(params: EstimatorParams) -> LearnedCost:
+    """The configured estimate as a cost model: what an endpoint starts from before anything is learned."""
+    return LearnedCost(
+        base_s=0.0, prefill_scale=1.0, interference_per_running=params.decode_slowdown_per_running, queue_scale=1.0
+    )
+
+
+def cost_terms(candidate: Candidate, prompt_tokens: int, block_size: int, params: EstimatorParams) -> CostTerms:
+    """The estimate's terms if this request went to ``candidate`` now."""
     load = candidate.load
     uncached = max(prompt_tokens - cached_tokens(candidate, prompt_tokens, block_size), 1)
-    slowdown = 1.0 + params.decode_slowdown_per_running * load.running
-    prefill_s = (load.queued_prefill_tokens + uncached) / params.prefill_tokens_per_s * slowdown
+    work_s = (load.queued_prefill_tokens + uncached) / params.prefill_tokens_per_s
     queue_s = (load.waiting + load.inflight_requests) * params.request_overhead_s
     kv_s = 0.0
     if load.kv_usage > params.kv_pressure_threshold:
         excess = (load.kv_usage - params.kv_pressure_threshold) / max(1e-9, 1 - params.kv_pressure_threshold)
         kv_s = excess * params.kv_penalty_s
     unknown_s = 0.0 if load.known else params.unknown_load_penalty_s
-    return prefill_s + queue_s + kv_s + unknown_s
+    return CostTerms(work_s=work_s, running=load.running, queue_s=queue_s, fixed_s=kv_s + unknown_s)
+
+
+def ttft_s(terms: CostTerms, cost: LearnedCost) -> float:
+    """The TTFT ``cost`` predicts from ``terms``."""
+    slowdown = 1.0 + cost.interference_per_running * terms.running
+    prefill_s = cost.prefill_scale * terms.work_s * slowdown
+    return cost.base_s + prefill_s + cost.queue_scale * terms.queue_s + terms.fixed_s
+
+
+def estimate_ttft_s(candidate: Candidate, prompt_tokens: int, block_size: int, params: EstimatorParams) -> float:
+    """Estimated seconds until the first token if this request went to ``candidate`` now: the candidate's
+    learned cost model (``Candidate.cost``) if it has one, else the configured one."""
+    terms = cost_terms(candidate, prompt_tokens, block_size, params)
+    return ttft_s(terms, candidate.cost or configured_cost(params))

@@ -3,7 +3,9 @@
 ``TtftProfile`` (the default) estimates each candidate's time to first token and picks the lowest, spreading
 near-ties; it stays with the warmest endpoint while that costs at most ``stickiness_s`` more (or, for a tenant
 with a TTFT target, while the warm estimate meets the target), because keeping a prefix where it is cached saves
-prefill work for the requests that follow. A match below ``min_prefix_share`` of the prompt (a shared system
+prefill work for the requests that follow; it leaves earlier (reason ``move``) for an idle endpoint where copying
+the prefix, spread over the prefix's measured reuse, costs less than the warm endpoint's queue
+(``scheduling/sessions.py``). A match below ``min_prefix_share`` of the prompt (a shared system
 prompt, say) does not make an endpoint warm: such a request is routed by load. ``WeightedProfile`` is the
 classic weighted-scorer blend.
 
@@ -21,6 +23,7 @@ from typing import Protocol
 from extproc.errors import NoEndpoint, Overloaded
 from extproc.scheduling.estimate import EstimatorParams, cached_tokens, copy_fits, estimate_ttft_s
 from extproc.scheduling.scorers import SCORERS
+from extproc.scheduling.sessions import invested_estimates
 from extproc.scheduling.tenant_shares import SharePolicy, narrowed
 from extproc.types import Candidate, Decision, EndpointId, Reason, RoutingRequest
 
@@ -78,9 +81,19 @@ class TtftProfile:
             return self._place(candidates, est, best, rng), Reason.LOAD
         warm_est = est[warm.endpoint.id]
         target = request.tenant.ttft_target_s
-        if warm_est <= best + self.stickiness_s or (target is not None and warm_est <= target):
+        if target is not None and warm_est <= target:
             return warm.endpoint.id, Reason.CACHE
         move = self._move_costs(request, candidates, warm, est)
+        if warm_est <= best + self.stickiness_s:  # worth staying by the request's own estimate; the prefix's?
+            allowed = [c for c in candidates if c.endpoint.id in move]
+            invested = invested_estimates(request, warm, allowed, est, self.params)
+            # the copy pays for itself over its reuse, by more than a tie, against load that lasts: not the
+            # requests routed since the last scrape (a bridge until the scrape shows them; many are done)
+            lasting = replace(warm, load=replace(warm.load, inflight_requests=0))
+            lasting_s = estimate_ttft_s(lasting, request.prompt_tokens, request.block_size, self.params)
+            if invested and min(invested.values()) < lasting_s - self.tie_epsilon_s:
+                return _spread(invested, min(invested.values()), self.tie_epsilon_s, rng), Reason.MOVE
+            return warm.endpoint.id, Reason.CACHE
         best_move = min(move.values())  # the warm endpoint is always a "move" at its own estimate
         if warm_est <= best_move + self.stickiness_s:
             return warm.endpoint.id, Reason.HOLD if warm_est > best + self.stickiness_s else Reason.CACHE

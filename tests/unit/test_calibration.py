@@ -1,25 +1,52 @@
-"""Predicted against actual TTFT per scrape interval (``backends.calibration``)."""
+"""Predicted against actual TTFT per scrape interval, and the cost model learned from it
+(``backends.calibration``)."""
+
+import random
 
 import pytest
 
-from extproc.backends.calibration import TtftCalibration
+from extproc.app import cost_learning
+from extproc.backends.calibration import CostLearning, TtftCalibration
 from extproc.backends.vllm_metrics import PhaseTotals
-from extproc.types import EndpointId
+from extproc.config import SchedulingConfig
+from extproc.scheduling.estimate import CostTerms, ttft_s
+from extproc.types import EndpointId, LearnedCost
 
-A = EndpointId("a:1")
+A, B = EndpointId("a:1"), EndpointId("b:1")
+PRIOR = LearnedCost(base_s=0.0, prefill_scale=1.0, interference_per_running=0.004, queue_scale=1.0)
 
 
-class Intervals:
+class Sink:
     def __init__(self) -> None:
         self.seen: list[tuple[str, float, float, float]] = []
+        self.costs: list[tuple[str, LearnedCost, float]] = []
 
     def interval(self, endpoint: str, predicted_s: float, actual_s: float, ratio: float) -> None:
         self.seen.append((endpoint, predicted_s, actual_s, ratio))
 
+    def learned(self, endpoint: str, cost: LearnedCost, prefill_tokens_per_s: float) -> None:
+        self.costs.append((endpoint, cost, prefill_tokens_per_s))
+
+
+def learning(enabled: bool = True, **over: float) -> CostLearning:
+    knobs = {"learning_rate": 0.3, "max_base_s": 0.5, "max_scale": 4.0, "max_interference_per_running": 0.1}
+    knobs.update(over)
+    return CostLearning(learn=enabled, prior=PRIOR, prefill_tokens_per_s=10_000.0, **knobs)  # type: ignore[arg-type]
+
+
+def measuring(sink: Sink) -> TtftCalibration:
+    return TtftCalibration(sink, learning(enabled=False))
+
+
+def test_the_config_defaults_build_the_learning_settings() -> None:
+    got = cost_learning(SchedulingConfig())
+    assert got.learn and got.prior.base_s == 0.0 and got.prior.prefill_scale == 1.0
+    assert got.prefill_tokens_per_s == SchedulingConfig().prefill_tokens_per_s
+
 
 def test_an_interval_compares_mean_predicted_with_the_engines_mean() -> None:
-    sink = Intervals()
-    cal = TtftCalibration(sink)
+    sink = Sink()
+    cal = measuring(sink)
     cal.observe(A, PhaseTotals(seconds=10.0, requests=100))  # first sight: the baseline, no interval
     cal.predicted(A, 0.2)
     cal.predicted(A, 0.4)
@@ -29,11 +56,12 @@ def test_an_interval_compares_mean_predicted_with_the_engines_mean() -> None:
     [(endpoint, predicted, actual, ratio)] = sink.seen
     assert (endpoint, predicted, actual) == (A, pytest.approx(0.3), pytest.approx(0.3))
     assert ratio == pytest.approx(1.0)
+    assert cal.cost(A) is None  # measure-only: nothing learned
 
 
 def test_the_ratio_follows_an_estimate_that_is_too_low() -> None:
-    sink = Intervals()
-    cal = TtftCalibration(sink)
+    sink = Sink()
+    cal = measuring(sink)
     cal.observe(A, PhaseTotals(0.0, 0))
     for i in range(1, 60):
         cal.predicted(A, 0.1)
@@ -44,9 +72,77 @@ def test_the_ratio_follows_an_estimate_that_is_too_low() -> None:
 
 @pytest.mark.parametrize("totals", [None, PhaseTotals(1.0, 1)], ids=["no-histogram", "engine-restarted"])
 def test_no_histogram_or_a_restart_yields_no_interval(totals: PhaseTotals | None) -> None:
-    sink = Intervals()
-    cal = TtftCalibration(sink)
+    sink = Sink()
+    cal = measuring(sink)
     cal.observe(A, PhaseTotals(50.0, 100))
     cal.predicted(A, 0.1)
     cal.observe(A, totals)
     assert sink.seen == []
+
+
+TRUE = LearnedCost(base_s=0.04, prefill_scale=2.0, interference_per_running=0.03, queue_scale=1.5)
+
+
+def _drive(cal: TtftCalibration, truth: LearnedCost, intervals: int, seed: int = 0, noise: float = 0.0) -> list[float]:
+    """Intervals of one request each on A, from varied load; returns each interval's relative error of the
+    prediction made with what was learned so far (what ``router_ttft_error_ratio`` observes)."""
+    rng = random.Random(seed)
+    total_s, errors = 0.0, []
+    cal.observe(A, PhaseTotals(0.0, 0))
+    for i in range(1, intervals + 1):
+        terms = CostTerms(work_s=rng.uniform(0.01, 0.2), running=rng.randint(0, 16), queue_s=rng.uniform(0, 0.05),
+                          fixed_s=0.0)  # fmt: skip
+        predicted = ttft_s(terms, cal.cost(A) or PRIOR)
+        actual = ttft_s(terms, truth) * (1 + rng.uniform(-noise, noise))
+        errors.append(abs(predicted - actual) / actual)
+        cal.predicted(A, predicted, terms.features(), terms.fixed_s)
+        total_s += actual
+        cal.observe(A, PhaseTotals(total_s, i))
+    return errors
+
+
+def test_learning_brings_the_estimate_within_15_percent_of_what_happened() -> None:
+    sink = Sink()
+    cal = TtftCalibration(sink, learning())
+    errors = _drive(cal, TRUE, 300)
+    assert errors[0] > 0.4  # the configured estimate starts ~2x too low
+    assert sorted(errors[-100:])[50] < 0.15  # median error of the last 100 intervals
+    endpoint, cost, rate = sink.costs[-1]
+    assert endpoint == A and rate == pytest.approx(10_000.0 / cost.prefill_scale)
+
+
+def test_noise_moves_the_learned_model_little() -> None:
+    cal = TtftCalibration(Sink(), learning())
+    errors = _drive(cal, TRUE, 300, seed=1, noise=0.3)  # each interval +-30%: the median stays near the truth
+    assert sorted(errors[-100:])[50] < 0.25
+
+
+@pytest.mark.parametrize(
+    ("truth", "check"),
+    [
+        (LearnedCost(5.0, 50.0, 1.0, 50.0), lambda c: c.base_s == 0.5 and c.prefill_scale == 4.0),
+        (LearnedCost(0.0, 0.01, 0.0, 0.01), lambda c: c.prefill_scale >= 0.25 and c.queue_scale >= 0.25),
+    ],
+    ids=["wildly-slow", "wildly-fast"],
+)
+def test_learned_weights_stay_within_their_bounds(truth: LearnedCost, check) -> None:  # type: ignore[no-untyped-def]
+    cal = TtftCalibration(Sink(), learning())
+    _drive(cal, truth, 400)
+    cost = cal.cost(A)
+    assert cost is not None and check(cost)
+    assert 0 <= cost.interference_per_running <= 0.1 + 1e-9
+
+
+def test_an_untaught_endpoint_gets_the_mean_of_the_taught_ones() -> None:
+    cal = TtftCalibration(Sink(), learning())
+    assert cal.cost(B) is None
+    _drive(cal, TRUE, 50)
+    assert cal.cost(B) == cal.cost(A)
+    cal.forget(A)
+    assert cal.cost(B) is None
+
+
+def test_learning_off_never_teaches() -> None:
+    cal = TtftCalibration(Sink(), learning(enabled=False))
+    _drive(cal, TRUE, 50)
+    assert cal.cost(A) is None

@@ -54,3 +54,15 @@ def test_forget_drops_the_endpoint() -> None:
     hot.routed(A, hashes(0, 20), cached_blocks=20, placed=False)
     hot.forget(A)
     assert hot.hot(A) == 0
+
+
+def test_hits_count_the_requests_that_reused_a_block_while_it_stayed_hot() -> None:
+    hot = HotBlocks(lambda e: 100)
+    tools = hashes(0, 20)
+    hot.routed(A, tools + hashes(1000, 5), cached_blocks=0, placed=True)  # placed: hot, but not a hit
+    assert hot.hits(A, tools[-1]) == 0
+    for session in range(3):  # three sessions extend the shared tools, each with its own context
+        hot.routed(A, tools + hashes(2000 + 10 * session, 5), cached_blocks=20, placed=False)
+    assert (hot.hits(A, tools[-1]), hot.hits(A, BlockHash(2000)), hot.hits(B, tools[-1])) == (3, 0, 0)
+    hot.routed(A, hashes(5000, 100), cached_blocks=0, placed=False)  # capacity stored since: cooled, forgotten
+    assert hot.hits(A, tools[-1]) == 0

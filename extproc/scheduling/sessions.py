@@ -1,0 +1,48 @@
+"""Leaving a warm endpoint as an investment: the copy of a prefix is paid once and spread over its reuse.
+
+A per-request estimate never pays for copying a prefix: the request that copies it waits for the whole prefill,
+while every later request sharing that prefix gains. Agent sessions show the cost: each session's first call
+finds the shared tool definitions on one endpoint, stays there, and all sessions pile on it (their decode
+batches slow every step there) while other endpoints idle.
+
+Here a target that lacks part of the warm endpoint's prefix is priced as if it held it, plus its copy spread
+over the reuse of what is copied. The reuse is measured, not guessed: one plus the requests that hit the warm
+endpoint's deepest matched block lately (``Candidate.prefix_hits``). A shared prefix (tool definitions, a system
+prompt many sessions extend) has many hits, so its copy is cheap per use; a session's own context has had none
+beyond its own calls, so moving it costs this request the whole copy.
+
+Hysteresis: the copy is counted twice, once for going and once for the way back, so a move must save more than
+a round trip would cost. Moving back for a session means copying its context again (hits: its own), which a
+momentary queue elsewhere does not repay; so it does not ping-pong. Only the targets a move may take at all
+(``TtftProfile._move_costs``: idle with room for the copy, or copying nothing) are priced. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+
+from extproc.scheduling.estimate import EstimatorParams, estimate_ttft_s
+from extproc.types import Candidate, EndpointId, RoutingRequest
+
+
+def invested_estimates(
+    request: RoutingRequest,
+    warm: Candidate,
+    targets: Iterable[Candidate],
+    est: Mapping[EndpointId, float],
+    params: EstimatorParams,
+) -> dict[EndpointId, float]:
+    """Per target other than ``warm`` that would copy part of its prefix: the target's estimate as if it held
+    that prefix, plus twice its copy spread over the prefix's reuse (module docstring). ``est``: the plain
+    estimates, whose difference from the as-if one is the copy."""
+    reuse = 1 + max(warm.prefix_hits, 0)
+    out: dict[EndpointId, float] = {}
+    for c in targets:
+        if c.endpoint.id == warm.endpoint.id or c.cached_blocks >= warm.cached_blocks:
+            continue
+        held = replace(c, cached_blocks=warm.cached_blocks)
+        as_if = estimate_ttft_s(held, request.prompt_tokens, request.block_size, params)
+        copy_s = max(est[c.endpoint.id] - as_if, 0.0)
+        out[c.endpoint.id] = as_if + 2 * copy_s / reuse
+    return out

@@ -1,0 +1,100 @@
+"""Leaving a warm endpoint as an investment (``scheduling/sessions.py``) and the learned cost model in the
+estimate (``Candidate.cost``): table tests on the shipped defaults.
+
+Numbers: the defaults' 12,000 tokens/s and 0.004 slowdown per running request. An agent's first call is 1,280
+tokens: 1,024 of shared tools (64 blocks, cached on A) and its task; 256 uncached on A (0.021 s), 1,280 on an
+empty B (0.107 s: a copy of 0.085 s).
+"""
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from extproc.config import SchedulingConfig
+from extproc.scheduling.build import build_profile
+from extproc.scheduling.estimate import estimate_ttft_s
+from extproc.scheduling.profiles import TtftProfile
+from extproc.types import (
+    BlockHash,
+    Candidate,
+    Endpoint,
+    EndpointId,
+    LearnedCost,
+    LoadSnapshot,
+    Reason,
+    RoutingRequest,
+)
+
+A, B = EndpointId("10.0.0.1:8000"), EndpointId("10.0.0.2:8000")
+DEFAULT = build_profile(SchedulingConfig())
+assert isinstance(DEFAULT, TtftProfile)
+PILED = LearnedCost(base_s=0.0, prefill_scale=1.0, interference_per_running=0.05, queue_scale=1.0)
+
+
+def cand(
+    eid: EndpointId,
+    cached: int,
+    *,
+    queued: float = 0.0,
+    running: int = 0,
+    waiting: int = 0,
+    inflight: int = 0,
+    hits: int = 0,
+    hot: int | None = 0,
+    cost: LearnedCost | None = None,
+) -> Candidate:
+    load = LoadSnapshot(
+        known=True, queued_prefill_tokens=queued, running=running, waiting=waiting, inflight_requests=inflight
+    )
+    endpoint = Endpoint(eid, num_gpu_blocks=1024)
+    return Candidate(endpoint, load, cached, precise=True, hot_blocks=hot, cost=cost, prefix_hits=hits)
+
+
+def req(tokens: int) -> RoutingRequest:
+    return RoutingRequest("r1", "m", "m", None, tokens, [BlockHash(i) for i in range(tokens // 16)], 16)
+
+
+TABLE = [
+    # an agent's first call: tools on A, which runs 16 sessions; B idle and empty
+    ([cand(A, 64, queued=500, running=16), cand(B, 0)], 1280, A, Reason.CACHE, "tools-copy-not-yet-reused-stays"),
+    ([cand(A, 64, queued=500, running=16, hits=9), cand(B, 0)], 1280, B, Reason.MOVE, "tools-reused-10x-copied"),
+    ([cand(A, 64, queued=500, running=16, hits=9), cand(B, 0, waiting=1)], 1280, A, Reason.CACHE,
+     "busy-target-is-no-move"),
+    ([cand(A, 64, queued=500, running=16, hits=9), cand(B, 0, hot=1024)], 1280, A, Reason.CACHE,
+     "no-room-for-the-copy-is-no-move"),
+    # requests routed since the last scrape (10 ms each in the estimate) are a bridge, not load that lasts
+    ([cand(A, 64, inflight=5, hits=9), cand(B, 0)], 1280, A, Reason.CACHE, "routed-since-scrape-is-no-reason"),
+    # the piled backend's decode interference as learned: a prefix reused 3x pays for its copy only then
+    ([cand(A, 64, queued=500, running=16, hits=2), cand(B, 0)], 1280, A, Reason.CACHE, "configured-cost-stays"),
+    ([cand(A, 64, queued=500, running=16, hits=2, cost=PILED), cand(B, 0, cost=PILED)], 1280, B, Reason.MOVE,
+     "learned-interference-moves"),
+    # hysteresis: a session that moved to B (its whole context there, hit only by itself) does not move back to
+    # an idle A for less than the copy back and forth (456 tokens on A vs 200 plus 300 queued on B)
+    ([cand(A, 64), cand(B, 80, queued=300)], 1480, B, Reason.CACHE, "session-does-not-ping-pong"),
+    ([cand(A, 64), cand(B, 80, queued=2000)], 1480, A, Reason.MOVE, "session-leaves-a-real-queue"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("candidates", "tokens", "pick", "reason"), [row[:4] for row in TABLE],
+                         ids=[row[4] for row in TABLE])  # fmt: skip
+def test_moves_spread_the_copy_over_the_prefix_reuse(
+    candidates: list[Candidate], tokens: int, pick: EndpointId, reason: Reason
+) -> None:
+    decision = DEFAULT.decide(req(tokens), candidates, random.Random(0))
+    assert (decision.endpoints[0], decision.reason) == (pick, reason)
+
+
+@pytest.mark.parametrize(
+    ("cost", "expected_s"),
+    [
+        (None, (0.05 + 0.01) * (1 + 0.004 * 10) + 2 * 0.01),
+        (LearnedCost(0.03, 2.0, 0.05, 1.5), 0.03 + 2.0 * 0.06 * (1 + 0.05 * 10) + 1.5 * 2 * 0.01),
+    ],
+    ids=["configured", "learned"],
+)
+def test_a_learned_cost_reweighs_the_estimates_terms(cost: LearnedCost | None, expected_s: float) -> None:
+    load = LoadSnapshot(known=True, queued_prefill_tokens=600, running=10, waiting=1, inflight_requests=1)
+    c = Candidate(Endpoint(A), load, 0, precise=True, cost=cost)
+    params = replace(DEFAULT.params, prefill_tokens_per_s=12000.0)
+    assert estimate_ttft_s(c, 120, 16, params) == pytest.approx(expected_s)
