@@ -372,6 +372,13 @@ class RedisIndexConfig(_IndexCommon):
     namespace: str = Field("kvidx", description="key prefix (and Redis Cluster hash tag) of this pool")
     timeout_s: float = Field(0.05, gt=0, description="per Redis call; lookups also obey lookup_deadline_s")
     leases: LeasesConfig = Field(LeasesConfig(), description="who applies each endpoint's KV events")
+    reserve_redecisions: int = Field(
+        3,
+        ge=0,
+        description="when another replica reserved on the pick between this replica's read and its reservation, "
+        "decide again on the fresh shared load up to this many times; the last reservation is taken in any case "
+        "(docs/scheduling.md, Replicas as one)",
+    )
 
     @field_validator("url")
     @classmethod
@@ -463,6 +470,14 @@ class LimitsConfig(_Strict):
         "tokenization never runs past it; keep it well under Envoy's ext_proc message_timeout (2 s here)",
     )
     tokenizer_workers: int = Field(2, ge=1, description="threads rendering and tokenizing off the event loop")
+    gil_switch_interval_s: float = Field(
+        0.0005,
+        gt=0,
+        le=0.005,
+        description="how long a worker thread (rendering, tokenizing, hashing) may hold the GIL before the event "
+        "loop gets it back (sys.setswitchinterval, set once per picker process); Python's 5 ms default equals "
+        "index.lookup_deadline_s, so a Redis lookup that waited on a busy worker thread missed its deadline",
+    )
 
 
 class WorkersConfig(_Strict):
