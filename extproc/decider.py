@@ -31,7 +31,7 @@ from extproc.kvcache.index import Chain, IndexUnavailable, PrefixIndex
 from extproc.kvcache.occupancy import Occupancy
 from extproc.observability import PhaseTimer, RouterMetrics
 from extproc.redis.shared_load import SharedLoadUnavailable, SharedQueue, SharedQueues
-from extproc.reservations import Decided, Reserver
+from extproc.reservations import Decided, Reserver, fresher
 from extproc.scheduling import pd
 from extproc.scheduling.filters import eligible
 from extproc.scheduling.profiles import Profile
@@ -176,6 +176,8 @@ class LocalDecider:
         # {request_id: (primary pick, its block hashes)}, bounded by _SERVED_MEMORY
         self._picked: OrderedDict[str, tuple[EndpointId, Sequence[BlockHash]]] = OrderedDict()
         self._reserver: Reserver | None = None
+        self._serial = asyncio.Lock()  # with a shared load: one decide-reserve-record at a time (``_decide``)
+        self._known = SharedQueues({}, {})  # the shared queues our last reservation answered with
         if deps.shared_load is not None:
             self._reserver = Reserver(deps.shared_load, deadline_s=settings.lookup_deadline_s,
                                       redecisions=settings.reserve_redecisions, orphans=self._background)  # fmt: skip
@@ -187,14 +189,10 @@ class LocalDecider:
         timer = PhaseTimer(self._clock)
         routing = ask.routing(self._deps.tenant_for(ask.tenant_id))
         try:
-            decision, precise, split, reserved = await self._decide(routing, timer)
+            decision, split = await self._decide(routing, timer)
         except RouterError as exc:
             count_rejection(self._deps.metrics, ask.request_id, exc)
             raise
-        disagg = split is not None and split.prefill is not None
-        await self._record(routing, decision, precise, prefilled_elsewhere=disagg, shared_reserved=reserved)
-        if split is not None and split.prefill is not None:
-            await self._record_prefill(routing, split.prefill)
         if self._settings.track_served:
             self._remember(ask.request_id, decision.endpoints[0], routing.block_hashes)
         timer.mark("total_end")
@@ -208,11 +206,11 @@ class LocalDecider:
             headers[wire.PREFILLER_HEADER] = split.prefill
         return Route(decision.endpoints, headers)
 
-    async def _decide(
-        self, routing: RoutingRequest, timer: PhaseTimer
-    ) -> tuple[Decision, frozenset[EndpointId], pd.PdChoice | None, bool]:
-        """The decision, the precise endpoints it saw, the P/D choice and whether the shared load's reservation
-        step ran (with replicas: the pick reserved atomically, ``extproc.reservations``)."""
+    async def _decide(self, routing: RoutingRequest, timer: PhaseTimer) -> Decided:
+        """Look up, decide and record: the decision and the P/D choice. With a shared load the decision, its
+        atomic reservation (``extproc.reservations``) and the record run as one step per replica
+        (``_serial``), so this replica's next decision sees the last one's load and hot blocks, as with one
+        replica in memory, where no await separates a decision from its record."""
         states = self._deps.registry.snapshot()
         endpoints = eligible((s.endpoint for s in states.values()), routing.base_model, routing.lora, routing.subset)
         if not endpoints:
@@ -234,15 +232,43 @@ class LocalDecider:
             ]
             return pd.decide(self._deps.profile, self._deps.pd, routing, candidates, self._rng)
 
-        decided = decide(shared)
-        timer.mark("score")
         if shared is None or self._reserver is None:
-            return decided[0], precise, decided[1], False
-        settled = await self._reserver.settle(shared, decided, decide, _uncached(routing), ids)
-        self._deps.metrics.reservations.labels(settled.outcome).inc()
-        timer.mark("reserve")
-        (decision, split) = settled.decided
-        return decision, precise, split, True
+            decided = decide(shared)
+            timer.mark("score")
+            await self._commit(routing, decided, precise, shared_reserved=False)
+            return decided
+        try:  # bounded: a slow Redis holding the step up must not stall the requests queued behind it
+            async with asyncio.timeout(self._settings.lookup_deadline_s):
+                await self._serial.acquire()
+        except TimeoutError:
+            decided = decide(shared)
+            timer.mark("score")
+            self._deps.metrics.reservations.labels("busy").inc()
+            await self._commit(routing, decided, precise, shared_reserved=False)
+            return decided
+        try:
+            shared = fresher(shared, self._known)
+            decided = decide(shared)
+            timer.mark("score")
+            settled = await self._reserver.settle(shared, decided, decide, _uncached(routing), ids)
+            if settled.queues is not None:
+                self._known = settled.queues
+            self._deps.metrics.reservations.labels(settled.outcome).inc()
+            timer.mark("reserve")
+            await self._commit(routing, settled.decided, precise, shared_reserved=True)
+            return settled.decided
+        finally:
+            self._serial.release()
+
+    async def _commit(
+        self, routing: RoutingRequest, decided: Decided, precise: frozenset[EndpointId], *, shared_reserved: bool
+    ) -> None:
+        """Record the decision (and a disaggregated request's prefill leg)."""
+        decision, split = decided
+        disagg = split is not None and split.prefill is not None
+        await self._record(routing, decision, precise, prefilled_elsewhere=disagg, shared_reserved=shared_reserved)
+        if split is not None and split.prefill is not None:
+            await self._record_prefill(routing, split.prefill)
 
     async def _lookup(
         self, hashes: Sequence[BlockHash], endpoints: Sequence[EndpointId], precise: frozenset[EndpointId]

@@ -72,7 +72,8 @@ class RouterMetrics:
             "router_shared_reservations",
             "Replicas' reservations of the pick's prefill in the shared load, by outcome (reserved; redecided: "
             "another replica reserved there first, decided again; forced: reserved after the last re-decision; "
-            "late: past the lookup deadline, left to land; unavailable: Redis failed)",
+            "late: past the lookup deadline, left to land; unavailable: Redis failed; busy: the replica's step "
+            "was held up past the deadline, not reserved)",
             ["outcome"],
             registry=registry,
         )

@@ -35,10 +35,12 @@ class Settled:
     """The decision that holds and how its reservation went (``router_shared_reservations_total{outcome}``):
     ``reserved`` (first try), ``redecided`` (after another replica's reservation, on a fresh view), ``forced``
     (the last re-decision's, whatever the version), ``late`` (past the deadline: left to land), ``unavailable``
-    (Redis failed), ``none`` (nothing to reserve)."""
+    (Redis failed), ``none`` (nothing to reserve); the decider adds ``busy`` (its step was held up past the
+    deadline: no reservation)."""
 
     decided: Decided
     outcome: str
+    queues: SharedQueues | None = None  # the candidates' queues right after the reservation, when it answered
 
 
 class Reserver:
@@ -77,7 +79,8 @@ class Reserver:
                 _log.debug("shared load unavailable for a reservation: %s", exc)
                 return Settled(decided, "unavailable")
             if done.reserved:
-                return Settled(decided, "forced" if last and attempt else "redecided" if attempt else "reserved")
+                outcome = "forced" if last and attempt else "redecided" if attempt else "reserved"
+                return Settled(decided, outcome, done.queues)
             view = done.queues
             decided = redecide(view)
         raise AssertionError("the last attempt reserves whatever the version")  # pragma: no cover
@@ -91,3 +94,14 @@ class Reserver:
         if late[0] and not done.reserved:
             await self._load.add(pick, tokens)
         return done
+
+
+def fresher(read: SharedQueues, known: SharedQueues) -> SharedQueues:
+    """Per endpoint, the view with the higher version (``known``: what this replica's last reservation answered;
+    on a tie the read, taken later, has drained more), so that this replica's own reservations made after its
+    read are no conflict."""
+    tokens, versions = dict(read.tokens), dict(read.versions)
+    for e, v in known.versions.items():
+        if e in versions and v > versions[e]:
+            tokens[e], versions[e] = known.tokens[e], v
+    return SharedQueues(tokens, versions)
