@@ -471,12 +471,13 @@ class LimitsConfig(_Strict):
     )
     tokenizer_workers: int = Field(2, ge=1, description="threads rendering and tokenizing off the event loop")
     gil_switch_interval_s: float = Field(
-        0.0005,
+        0.005,
         gt=0,
         le=0.005,
         description="how long a worker thread (rendering, tokenizing, hashing) may hold the GIL before the event "
-        "loop gets it back (sys.setswitchinterval, set once per picker process); Python's 5 ms default equals "
-        "index.lookup_deadline_s, so a Redis lookup that waited on a busy worker thread missed its deadline",
+        "loop gets it back (sys.setswitchinterval, once per picker process; 0.005 is Python's own). It equals "
+        "index.lookup_deadline_s, so a Redis lookup waiting on a busy worker thread can miss it; 0.0005 cut those "
+        "misses 4x but cost ~30% more picker CPU on a 2-core box (docs/scheduling.md): lower it with cores to spare",
     )
 
 
