@@ -31,6 +31,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     logging.basicConfig(level=config.logging.level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    sys.setswitchinterval(config.limits.gil_switch_interval_s)  # process-wide: set by the process's main only
 
     async def run() -> None:
         app = App(config, base_dir=Path(args.config).resolve().parent if args.relative else None)

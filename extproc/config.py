@@ -398,6 +398,13 @@ class RedisIndexConfig(_IndexCommon):
     namespace: str = Field("kvidx", description="key prefix (and Redis Cluster hash tag) of this pool")
     timeout_s: float = Field(0.05, gt=0, description="per Redis call; lookups also obey lookup_deadline_s")
     leases: LeasesConfig = Field(LeasesConfig(), description="who applies each endpoint's KV events")
+    reserve_redecisions: int = Field(
+        3,
+        ge=0,
+        description="when another replica reserved on the pick between this replica's read and its reservation, "
+        "decide again on the fresh shared load up to this many times; the last reservation is taken in any case "
+        "(docs/scheduling.md, Replicas as one)",
+    )
 
     @field_validator("url")
     @classmethod
@@ -496,6 +503,15 @@ class LimitsConfig(_Strict):
         "tokenization never runs past it; keep it well under Envoy's ext_proc message_timeout (2 s here)",
     )
     tokenizer_workers: int = Field(2, ge=1, description="threads rendering and tokenizing off the event loop")
+    gil_switch_interval_s: float = Field(
+        0.005,
+        gt=0,
+        le=0.005,
+        description="how long a worker thread (rendering, tokenizing, hashing) may hold the GIL before the event "
+        "loop gets it back (sys.setswitchinterval, once per picker process; 0.005 is Python's own). It equals "
+        "index.lookup_deadline_s, so a Redis lookup waiting on a busy worker thread can miss it; 0.0005 cut those "
+        "misses 4x but cost ~30% more picker CPU on a 2-core box (docs/scheduling.md): lower it with cores to spare",
+    )
 
 
 class WorkersConfig(_Strict):

@@ -30,11 +30,13 @@ from extproc.errors import NoEndpoint, RouterError
 from extproc.kvcache.index import Chain, IndexUnavailable, PrefixIndex
 from extproc.kvcache.occupancy import Occupancy
 from extproc.observability import PhaseTimer, RouterMetrics
-from extproc.redis.shared_load import SharedLoad, SharedLoadUnavailable
+from extproc.redis.shared_load import SharedLoadUnavailable, SharedQueue, SharedQueues
+from extproc.reservations import Decided, Reserver, fresher
 from extproc.scheduling import pd
 from extproc.scheduling.estimate import EstimatorParams, cost_terms
 from extproc.scheduling.filters import eligible
 from extproc.scheduling.profiles import Profile
+from extproc.tasks import within_or_orphan
 from extproc.types import (
     BlockHash,
     Candidate,
@@ -128,6 +130,7 @@ class DeciderSettings:
     burst_mark_ttl_s: float = 2.0
     log_prompts: bool = False  # the decision line carries the body's first bytes (prompt text): opt-in only
     track_served: bool = False  # remember picks so ``on_served`` can compare (GIE response path)
+    reserve_redecisions: int = 3  # with a shared load: decisions again after another replica reserved first
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +147,7 @@ class DeciderDeps:
     precise_endpoints: Callable[[], frozenset[EndpointId]]
     profile: Profile
     metrics: RouterMetrics
-    shared_load: SharedLoad | None = None  # in-flight load shared with the other replicas (Redis)
+    shared_load: SharedQueue | None = None  # in-flight load shared with the other replicas (Redis)
     # endpoint's events will report what it stores (even while cold after a purge); None: precise ones
     has_live_events: Callable[[EndpointId], bool] | None = None
     lookups_wait_on_io: bool = False  # True (Redis): the lookups run concurrently; False (memory): in turn
@@ -174,6 +177,12 @@ class LocalDecider:
         self._missed: dict[str, tuple[float, int]] = {}  # index name -> (last INFO line at, misses since)
         # {request_id: (primary pick, its block hashes)}, bounded by _SERVED_MEMORY
         self._picked: OrderedDict[str, tuple[EndpointId, Sequence[BlockHash]]] = OrderedDict()
+        self._reserver: Reserver | None = None
+        self._serial = asyncio.Lock()  # with a shared load: one decide-reserve-record at a time (``_decide``)
+        self._known = SharedQueues({}, {})  # the shared queues our last reservation answered with
+        if deps.shared_load is not None:
+            self._reserver = Reserver(deps.shared_load, deadline_s=settings.lookup_deadline_s,
+                                      redecisions=settings.reserve_redecisions, orphans=self._background)  # fmt: skip
 
     async def decide(self, ask: Ask) -> Route:
         current = self._deps.scheme_for(ask.base_model)
@@ -182,14 +191,10 @@ class LocalDecider:
         timer = PhaseTimer(self._clock)
         routing = ask.routing(self._deps.tenant_for(ask.tenant_id))
         try:
-            decision, precise, split = await self._decide(routing, timer)
+            decision, split = await self._decide(routing, timer)
         except RouterError as exc:
             count_rejection(self._deps.metrics, ask.request_id, exc)
             raise
-        disagg = split is not None and split.prefill is not None
-        await self._record(routing, decision, precise, prefilled_elsewhere=disagg)
-        if split is not None and split.prefill is not None:
-            await self._record_prefill(routing, split.prefill)
         if self._settings.track_served:
             self._remember(ask.request_id, decision.endpoints[0], routing.block_hashes)
         timer.mark("total_end")
@@ -203,9 +208,11 @@ class LocalDecider:
             headers[wire.PREFILLER_HEADER] = split.prefill
         return Route(decision.endpoints, headers)
 
-    async def _decide(
-        self, routing: RoutingRequest, timer: PhaseTimer
-    ) -> tuple[Decision, frozenset[EndpointId], pd.PdChoice | None]:
+    async def _decide(self, routing: RoutingRequest, timer: PhaseTimer) -> Decided:
+        """Look up, decide and record: the decision and the P/D choice. With a shared load the decision, its
+        atomic reservation (``extproc.reservations``) and the record run as one step per replica
+        (``_serial``), so this replica's next decision sees the last one's load and hot blocks, as with one
+        replica in memory, where no await separates a decision from its record."""
         states = self._deps.registry.snapshot()
         endpoints = eligible((s.endpoint for s in states.values()), routing.base_model, routing.lora, routing.subset)
         if not endpoints:
@@ -214,18 +221,65 @@ class LocalDecider:
         precise = self._deps.precise_endpoints()  # one view for the whole request
         hashes = routing.block_hashes
         if self._deps.lookups_wait_on_io:  # Redis round trips: in parallel
-            matches, shared = await asyncio.gather(self._lookup(hashes, ids, precise), self._shared_queued(ids))
+            matches, shared = await asyncio.gather(self._lookup(hashes, ids, precise), self._shared_read(ids))
         else:
-            matches, shared = await self._lookup(hashes, ids, precise), await self._shared_queued(ids)
+            matches, shared = await self._lookup(hashes, ids, precise), await self._shared_read(ids)
         timer.mark("lookup")
-        candidates = [
-            self._candidate(states[e.id], hashes, matches.get(e.id, 0), shared.get(e.id, 0.0), e.id in precise)
-            for e in endpoints
-        ]
-        decision, split = pd.decide(self._deps.profile, self._deps.pd, routing, candidates, self._rng)
-        timer.mark("score")
+
+        candidates: list[Candidate] = []  # the last decision's, for the calibration
+
+        def decide(view: SharedQueues | None) -> Decided:
+            queued = view.tokens if view is not None else {}
+            candidates[:] = [
+                self._candidate(states[e.id], hashes, matches.get(e.id, 0), queued.get(e.id, 0.0), e.id in precise)
+                for e in endpoints
+            ]
+            return pd.decide(self._deps.profile, self._deps.pd, routing, candidates, self._rng)
+
+        if shared is None or self._reserver is None:
+            decided = decide(shared)
+            timer.mark("score")
+            await self._commit(routing, decided, candidates, precise, shared_reserved=False)
+            return decided
+        try:  # bounded: a slow Redis holding the step up must not stall the requests queued behind it
+            async with asyncio.timeout(self._settings.lookup_deadline_s):
+                await self._serial.acquire()
+        except TimeoutError:
+            decided = decide(shared)
+            timer.mark("score")
+            self._deps.metrics.reservations.labels("busy").inc()
+            await self._commit(routing, decided, candidates, precise, shared_reserved=False)
+            return decided
+        try:
+            shared = fresher(shared, self._known)
+            decided = decide(shared)
+            timer.mark("score")
+            settled = await self._reserver.settle(shared, decided, decide, _uncached(routing), ids)
+            if settled.queues is not None:
+                self._known = settled.queues
+            self._deps.metrics.reservations.labels(settled.outcome).inc()
+            timer.mark("reserve")
+            await self._commit(routing, settled.decided, candidates, precise, shared_reserved=True)
+            return settled.decided
+        finally:
+            self._serial.release()
+
+    async def _commit(
+        self,
+        routing: RoutingRequest,
+        decided: Decided,
+        candidates: Sequence[Candidate],
+        precise: frozenset[EndpointId],
+        *,
+        shared_reserved: bool,
+    ) -> None:
+        """Record the decision (and a disaggregated request's prefill leg); tell the calibration what it predicted."""
+        decision, split = decided
         self._predicted(routing, candidates, decision)
-        return decision, precise, split
+        disagg = split is not None and split.prefill is not None
+        await self._record(routing, decision, precise, prefilled_elsewhere=disagg, shared_reserved=shared_reserved)
+        if split is not None and split.prefill is not None:
+            await self._record_prefill(routing, split.prefill)
 
     async def _lookup(
         self, hashes: Sequence[BlockHash], endpoints: Sequence[EndpointId], precise: frozenset[EndpointId]
@@ -259,6 +313,8 @@ class LocalDecider:
         if not endpoints:
             return {}
         try:
+            if self._deps.lookups_wait_on_io:  # a Redis call is left to finish, not cancelled (tasks.py says why)
+                return await within_or_orphan(index.match(hashes, endpoints), deadline_s, self._background)
             async with asyncio.timeout(deadline_s):
                 return await index.match(hashes, endpoints)
         except (TimeoutError, IndexUnavailable) as exc:
@@ -266,17 +322,18 @@ class LocalDecider:
             self._lookup_missed(name, exc)
             return {}
 
-    async def _shared_queued(self, endpoints: Sequence[EndpointId]) -> Mapping[EndpointId, float]:
-        """Every replica's in-flight prefill per endpoint (shared load), or {} when unshared or unavailable."""
+    async def _shared_read(self, endpoints: Sequence[EndpointId]) -> SharedQueues | None:
+        """Every replica's in-flight prefill per endpoint, with versions (shared load), or None when unshared or
+        unavailable. A call past the deadline is left to finish (``tasks.within_or_orphan``)."""
         if self._deps.shared_load is None:
-            return {}
+            return None
         try:
-            async with asyncio.timeout(self._settings.lookup_deadline_s):
-                return await self._deps.shared_load.queued(endpoints)
+            read = self._deps.shared_load.read(endpoints)
+            return await within_or_orphan(read, self._settings.lookup_deadline_s, self._background)
         except (TimeoutError, SharedLoadUnavailable) as exc:
             self._deps.metrics.index_failures.labels("shared_load").inc()
             self._lookup_missed("shared_load", exc)
-            return {}
+            return None
 
     def _lookup_missed(self, name: str, exc: Exception) -> None:
         """A lookup past its deadline (or failed) moves requests away from their cached prefix: say so at INFO,
@@ -338,9 +395,12 @@ class LocalDecider:
         precise: frozenset[EndpointId],
         *,
         prefilled_elsewhere: bool = False,
+        shared_reserved: bool = False,
     ) -> None:
         """What we just routed becomes load and (approximate) cache state on the pick, before the next request.
         ``prefilled_elsewhere``: disaggregated, so the pick receives the KV instead of prefilling it.
+        ``shared_reserved``: the reservation step already put it in the shared load; otherwise (the read failed)
+        it is added there in the background, best effort.
 
         In memory the approximate record is written inline: the lookups no longer yield to the event loop, so a
         write left to a background task could miss the very next decision (a burst of one document would not
@@ -353,7 +413,7 @@ class LocalDecider:
             self._deps.hot_blocks.routed(
                 pick, routing.block_hashes, decision.cached_tokens // routing.block_size, placed=placed
             )
-        if self._deps.shared_load is not None:
+        if self._deps.shared_load is not None and not shared_reserved:
             self._spawn(self._deps.shared_load.add(pick, uncached))
         if self._deps.occupancy is not None:
             cached_blocks = decision.cached_tokens // routing.block_size
@@ -473,6 +533,18 @@ class LocalDecider:
     def _ttft_ratio(self, endpoint: EndpointId) -> float:
         """The pick's measured actual / predicted TTFT so far (1.0 until calibration has measured it)."""
         return self._deps.calibration.ratio(endpoint) if self._deps.calibration else 1.0
+
+
+def _uncached(routing: RoutingRequest) -> Callable[[Decided], int]:
+    """The prefill a decision puts on its pick: the uncached prompt, none if disaggregated (prefilled elsewhere)."""
+
+    def tokens(decided: Decided) -> int:
+        decision, split = decided
+        if split is not None and split.prefill is not None:
+            return 0
+        return max(routing.prompt_tokens - decision.cached_tokens, 0)
+
+    return tokens
 
 
 def merged_phases(front_s: Mapping[str, float], decider_s: Mapping[str, float]) -> dict[str, float]:

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from extproc.config import RouterConfig
+from extproc.config import RedisIndexConfig, RouterConfig
 from extproc.decider import DeciderSettings
 from extproc.diagnostics.live import PrefixStabilityCollector, SampledDiagnostics
 from extproc.kvcache.hash_cache import CachedHasher, HashCacheStats
@@ -147,6 +147,7 @@ def router_settings(config: RouterConfig) -> RouterSettings:
             burst_mark_ttl_s=config.index.burst_mark_ttl_s,
             log_prompts=config.logging.log_prompts,
             track_served=not config.protocol.close_after_pick,
+            reserve_redecisions=config.index.reserve_redecisions if isinstance(config.index, RedisIndexConfig) else 0,
         ),
     )
 

@@ -68,6 +68,15 @@ class RouterMetrics:
             ["index"],
             registry=registry,
         )
+        self.reservations = Counter(
+            "router_shared_reservations",
+            "Replicas' reservations of the pick's prefill in the shared load, by outcome (reserved; redecided: "
+            "another replica reserved there first, decided again; forced: reserved after the last re-decision; "
+            "late: past the lookup deadline, left to land; unavailable: Redis failed; busy: the replica's step "
+            "was held up past the deadline, not reserved)",
+            ["outcome"],
+            registry=registry,
+        )
         self.served = Counter(
             "router_served",
             "Requests whose served endpoint Envoy reported: the primary pick, or a fallback",

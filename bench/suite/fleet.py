@@ -122,6 +122,7 @@ class Router:
     envoy_pids: list[int]
     stoppers: list[Any]
     metrics_urls: list[str] = field(default_factory=list)  # our pickers' Prometheus endpoints
+    redis_url: str | None = None  # the valkey-server our replicas share, if any
 
     def stop(self) -> None:
         for s in reversed(self.stoppers):
@@ -195,7 +196,8 @@ def _start_pickers(policy: Policy, backends: Backends, workdir: Path, picker_set
             router_pids += _pid(proc)
         envoy = _start_envoy("picker", backends.addresses, grpc, workdir)
         stoppers.append(envoy)
-        return Router(policy, envoy.url(), router_pids, _pid(envoy), stoppers, metrics)
+        redis_url = overrides["index"]["url"] if policy.redis else None
+        return Router(policy, envoy.url(), router_pids, _pid(envoy), stoppers, metrics, redis_url)
     except BaseException:
         for s in reversed(stoppers):
             with contextlib.suppress(Exception):

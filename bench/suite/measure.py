@@ -18,6 +18,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from bench.stack import flush_events
 from bench.suite.client import Result
 
@@ -37,8 +39,8 @@ def scrape(address: str, timeout_s: float = 5.0) -> dict[str, float]:
     return out
 
 
-_PICKER = re.compile(r"^(router_decisions_total|router_index_failures_total|router_predicted_cached_tokens_total)"
-                     r"(\{[^}]*\})? ([0-9.eE+-]+)$", re.MULTILINE)  # fmt: skip
+_PICKER = re.compile(r"^(router_decisions_total|router_index_failures_total|router_predicted_cached_tokens_total"
+                     r"|router_shared_reservations_total)(\{[^}]*\})? ([0-9.eE+-]+)$", re.MULTILINE)  # fmt: skip
 PREDICTED_CACHED = "predicted_cached_tokens"  # the key of router_predicted_cached_tokens_total
 _TTFT_ERROR = re.compile(r'^router_ttft_error_ratio_(bucket\{le="([^"]+)"\}|sum|count) ([0-9.eE+-]+)$'
                          r'|^router_ttft_seconds_total\{endpoint="[^"]*",kind="(predicted|actual)"\} ([0-9.eE+-]+)$',
@@ -98,6 +100,33 @@ def picker_counters(urls: Sequence[str]) -> dict[str, float]:
         for name, labels, value in _PICKER.findall(text):
             key = name.removeprefix("router_").removesuffix("_total") + (labels or "")
             out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+def redis_totals(url: str | None) -> dict[str, float]:
+    """The shared Valkey's server-side totals (``INFO stats`` and per-command calls), ``{}`` without one: what
+    a cell's Redis traffic was (connections opened: each one a client's pooled connection torn down and
+    rebuilt; commands and script calls per request)."""
+    if url is None:
+        return {}
+    with redis.Redis.from_url(url, socket_timeout=5.0) as client:
+        stats = client.info("stats")
+        commands = client.info("commandstats")
+    out = {"connections": float(stats.get("total_connections_received", 0)),
+           "commands": float(stats.get("total_commands_processed", 0))}  # fmt: skip
+    for name, row in commands.items():
+        out[name.removeprefix("cmdstat_")] = float(row.get("calls", 0))
+    return out
+
+
+def redis_cell(before: dict[str, float], after: dict[str, float], requests: int) -> dict[str, float]:
+    """What a cell added to the shared Valkey's totals, and the commands per routed request."""
+    out = {k: after[k] - before.get(k, 0.0) for k in after}
+    # INFO itself (two per snapshot) and the connection it came on are ours, not the pickers'
+    out["connections"] = max(0.0, out.get("connections", 0.0) - 1)
+    out["commands"] = max(0.0, out.get("commands", 0.0) - 2)
+    if requests:
+        out["commands_per_request"] = round(out["commands"] / requests, 2)
     return out
 
 

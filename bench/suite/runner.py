@@ -226,6 +226,7 @@ def _cell(router: Router, backends: Backends, plan: Any, rate: float, opts: RunO
     cpu0, envoy0 = measure.cpu_s(router.router_pids), measure.cpu_s(router.envoy_pids)
     picker0 = measure.picker_counters(router.metrics_urls)
     ttft0 = measure.picker_ttft_totals(router.metrics_urls)
+    redis0 = measure.redis_totals(router.redis_url)
     span = max(s.start_s for s in plan.sessions)
     timeout = opts.request_timeout_s
     results, _wall = asyncio.run(replay(router.url, plan, concurrency=opts.concurrency, request_timeout_s=timeout,
@@ -246,6 +247,8 @@ def _cell(router: Router, backends: Backends, plan: Any, rate: float, opts: RunO
         cell["predicted_cached_tokens"] = counters.pop(measure.PREDICTED_CACHED, 0)
         cell["picker_counters"] = counters
         cell["ttft_estimate_error"] = measure.ttft_error(ttft0, measure.picker_ttft_totals(router.metrics_urls))
+    if router.redis_url is not None:
+        cell["redis"] = measure.redis_cell(redis0, measure.redis_totals(router.redis_url), len(results))
     return cell
 
 

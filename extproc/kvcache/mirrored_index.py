@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Collection, Mapping, Sequence
+from typing import Any
 
 from extproc.kvcache.index import Chain, IndexUnavailable, PrefixIndex
+from extproc.tasks import stop_task, within_or_orphan
 from extproc.types import BlockHash, EndpointId
 
 log = logging.getLogger(__name__)
@@ -25,6 +27,7 @@ class MirroredIndex:
         self._local = local
         self._shared = shared
         self._timeout_s = shared_timeout_s  # below the router's lookup deadline, so local guesses always count
+        self._late: set[asyncio.Task[Any]] = set()  # shared matches past the timeout, left to finish
 
     async def match(self, hashes: Sequence[BlockHash], endpoints: Collection[EndpointId]) -> Mapping[EndpointId, int]:
         local, shared = await asyncio.gather(self._local.match(hashes, endpoints), self._quiet_match(hashes, endpoints))
@@ -34,7 +37,8 @@ class MirroredIndex:
         self, hashes: Sequence[BlockHash], endpoints: Collection[EndpointId]
     ) -> Mapping[EndpointId, int]:
         try:
-            return await asyncio.wait_for(self._shared.match(hashes, endpoints), self._timeout_s)
+            # left to finish, not cancelled: a cancelled Redis read costs its pooled connection (tasks.py)
+            return await within_or_orphan(self._shared.match(hashes, endpoints), self._timeout_s, self._late)
         except (IndexUnavailable, TimeoutError) as exc:
             log.debug("shared approximate index unavailable: %s", exc)
             return {}
@@ -59,6 +63,8 @@ class MirroredIndex:
         await self._quietly(self._shared.clear(endpoint))
 
     async def close(self) -> None:
+        for task in list(self._late):
+            await stop_task(task)
         await self._local.close()
         await self._shared.close()
 

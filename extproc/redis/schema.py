@@ -21,7 +21,8 @@ Key schema (``ns`` = the namespace, default ``"kvidx"``; ``<h>`` = a BlockHash a
                                 server's time in ms, so it grows even if Redis loses it);
                                 seq, digest = the last batch applied to the index (its sequence number and the
                                 first 8 bytes of blake2b of its payload): where a new owner resumes
-    {ns}:load           HASH    field = endpoint id, value = "<tokens>:<updated_ms>" (``shared_load.py``)
+    {ns}:load           HASH    field = endpoint id, value = "<tokens>:<updated_ms>:<version>" (``shared_load.py``;
+                                version = reservations so far, "<tokens>:<updated_ms>" reads as version 0)
 
 Every key carries the hash tag ``{ns}``, so one namespace lives in one Redis Cluster slot and every script's
 keys (all declared in KEYS, never built inside Lua) are on one node.

@@ -1,11 +1,17 @@
 """In-flight load shared by every picker replica: one virtual prefill queue per endpoint, kept in Redis.
 
 Each replica adds the uncached prompt tokens of what it routes; the queue drains at the endpoint's prefill
-rate, computed server-side from Redis ``TIME`` so replicas need no synchronised clocks. Reading every
-candidate's queue and adding to the pick's are one script call each (one round trip; ``lua/shared_load.lua``).
+rate, computed server-side from Redis ``TIME`` so replicas need no synchronised clocks. Every call is one
+script call (one round trip; ``lua/shared_load.lua``): ``read`` the candidates' queues, ``add`` to one, or
+``reserve``: add to the pick *only if* nobody reserved there since this replica read it, else answer with
+every candidate's fresh queue so the replica decides again (``docs/scheduling.md``, "Replicas as one").
 
-A reservation therefore expires by itself (it drains away), which bounds the damage of a replica that dies
-mid-burst. If Redis is slow or down, callers fall back to their own replica-local ``InflightLoad``.
+Each queue carries a **version**, bumped by every reservation on it (draining never bumps it): a replica that
+decided on version v of its pick's queue and finds v still there knows its decision saw every other replica's
+reservation on that endpoint. (A reservation elsewhere only makes the other candidates worse, never the pick.)
+
+A reservation expires by itself (it drains away), which bounds the damage of a replica that dies mid-burst.
+If Redis is slow or down, callers fall back to their own replica-local ``InflightLoad``.
 
 Key: ``{ns}:load`` (``schema.py``; the hash tag keeps it on one Redis Cluster slot, like the prefix index's).
 """
@@ -13,16 +19,60 @@ Key: ``{ns}:load`` (``schema.py``; the hash tag keeps it on one Redis Cluster sl
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from extproc.redis.client import RedisClient, call_within, client_for
 from extproc.redis.schema import Schema
 from extproc.redis.scripts import source
 from extproc.types import EndpointId
 
+ANY_VERSION = -1  # ``reserve``'s version that matches whatever is there: reserve unconditionally
+
 
 class SharedLoadUnavailable(Exception):
     """Redis did not answer in time: use this replica's own view."""
+
+
+@dataclass(frozen=True, slots=True)
+class SharedQueues:
+    """Every replica's queued prefill per endpoint at one moment, ``{endpoint: tokens}``, and each queue's
+    version ``{endpoint: reservations so far}`` (0 for an endpoint nobody reserved on)."""
+
+    tokens: Mapping[EndpointId, float]
+    versions: Mapping[EndpointId, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """What ``reserve`` did: ``reserved`` or not (a stale version), and the candidates' queues after it."""
+
+    reserved: bool
+    queues: SharedQueues
+
+
+class SharedQueue(Protocol):
+    """The shared load as the decider uses it; ``SharedLoad`` on Redis (tests have an in-memory fake, run
+    through the same contract suite). Every method raises SharedLoadUnavailable."""
+
+    async def read(self, endpoints: Sequence[EndpointId]) -> SharedQueues:
+        """Every endpoint's queued prefill tokens and version now."""
+        ...
+
+    async def add(self, endpoint: EndpointId, tokens: int) -> None:
+        """Reserve ``tokens`` of prefill on ``endpoint``, whatever its version."""
+        ...
+
+    async def reserve(
+        self, pick: EndpointId, tokens: int, version: int, endpoints: Sequence[EndpointId]
+    ) -> Reservation:
+        """Reserve ``tokens`` on ``pick`` if its version is still ``version`` (``ANY_VERSION``: in any case);
+        answer with ``endpoints``' queues after it, in the same step (atomic across replicas)."""
+        ...
+
+    async def forget(self, endpoint: EndpointId) -> None:
+        """Drop ``endpoint``'s queue (it left the pool)."""
+        ...
 
 
 class SharedLoad:
@@ -41,25 +91,37 @@ class SharedLoad:
         client = client_for(url, timeout_s)
         return cls(client, namespace=namespace, prefill_tokens_per_s=prefill_tokens_per_s, timeout_s=timeout_s)
 
-    async def queued(self, endpoints: Sequence[EndpointId]) -> Mapping[EndpointId, float]:
-        """Every endpoint's queued prefill tokens now. Raises SharedLoadUnavailable."""
+    async def read(self, endpoints: Sequence[EndpointId]) -> SharedQueues:
         if not endpoints:
-            return {}
-        values = await self._call(self._script(keys=[self._key], args=[self._rate, 0, *endpoints]))
-        return {e: float(v) for e, v in zip(endpoints, values, strict=True)}
+            return SharedQueues({}, {})
+        return (await self._run("", 0, ANY_VERSION, endpoints)).queues
+
+    async def queued(self, endpoints: Sequence[EndpointId]) -> Mapping[EndpointId, float]:
+        """Every endpoint's queued prefill tokens now (``read`` without the versions)."""
+        return (await self.read(endpoints)).tokens
 
     async def add(self, endpoint: EndpointId, tokens: int) -> None:
-        """Reserve ``tokens`` of prefill on ``endpoint`` (they drain at the prefill rate). Raises
-        SharedLoadUnavailable."""
         if tokens > 0:
-            await self._call(self._script(keys=[self._key], args=[self._rate, tokens, endpoint]))
+            await self._run(endpoint, tokens, ANY_VERSION, [endpoint])
+
+    async def reserve(
+        self, pick: EndpointId, tokens: int, version: int, endpoints: Sequence[EndpointId]
+    ) -> Reservation:
+        return await self._run(pick, tokens, version, endpoints if pick in endpoints else [pick, *endpoints])
 
     async def forget(self, endpoint: EndpointId) -> None:
-        """Drop ``endpoint``'s queue (it left the pool). Raises SharedLoadUnavailable."""
         await self._call(self._r.hdel(self._key, endpoint))
 
     async def close(self) -> None:
         await self._r.aclose()
+
+    async def _run(self, pick: str, tokens: int, version: int, endpoints: Sequence[EndpointId]) -> Reservation:
+        args: list[str | int | float] = [self._rate, pick, max(tokens, 0), version, *endpoints]
+        out = await self._call(self._script(keys=[self._key], args=args))
+        tokens_by, versions = {}, {}
+        for k, e in enumerate(endpoints):
+            tokens_by[e], versions[e] = float(out[1 + 2 * k]), int(out[2 + 2 * k])
+        return Reservation(out[0] in (b"1", "1"), SharedQueues(tokens_by, versions))
 
     async def _call(self, awaitable: Any) -> Any:
         return await call_within(awaitable, self._timeout_s, SharedLoadUnavailable)

@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=config.logging.level, format=f"%(asctime)s %(levelname)s front{args.index} %(name)s %(message)s"
     )
+    sys.setswitchinterval(config.limits.gil_switch_interval_s)  # as the main process (cli serve)
     asyncio.run(serve_front(config, args.base_dir, args.socket, args.index, args.host, args.port))
     return 0
 

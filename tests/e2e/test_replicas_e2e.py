@@ -81,8 +81,16 @@ async def test_two_replicas_route_precisely_and_spread_a_burst_like_one(tmp_path
             lookups
         )
         two = await burst(stack.url)
+        # Every request of the burst went through the atomic pick-and-reserve, or failed open (its shared read
+        # past the lookup deadline: a 64-request burst on a 2-core box misses many), counted either way.
+        outcomes = [await counters(url, "router_shared_reservations_") for url in stack.picker_metrics_urls]
+        failed = [await counters(url, "router_index_failures_") for url in stack.picker_metrics_urls]
+        settled = sum(v for c in outcomes for v in c.values())
+        settled += sum(v for c in failed for k, v in c.items() if "shared_load" in k)
     with Stack(spec(1, None, "one"), tmp_path / "one") as stack:
         one = await burst(stack.url)
     assert sum(two.values()) == sum(one.values()) == 64
+    assert settled >= 64, (outcomes, failed)
     assert len(two) == 4, f"two replicas left a backend idle: {two}"
-    assert max(two.values()) <= max(one.values()) + 4, f"two replicas {two} vs one {one}"
+    # Before the atomic reservation, replicas read each other's reservations late: a burst leaned 21/15/14/14.
+    assert max(two.values()) <= max(one.values()) + 1, f"two replicas {two} vs one {one}, reservations {outcomes}"

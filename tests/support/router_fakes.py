@@ -22,6 +22,7 @@ from extproc.kvcache.index import IndexUnavailable
 from extproc.kvcache.occupancy import Occupancy
 from extproc.observability import RouterMetrics
 from extproc.prompt.openai import kind_for_path
+from extproc.redis.shared_load import SharedQueue
 from extproc.router import FrontDeps, Router, RouterSettings
 from extproc.scheduling.build import build_profile
 from extproc.scheduling.pd import PdPolicy
@@ -114,7 +115,9 @@ def make_router(
     pd: PdPolicy | None = None,
     occupancy: Occupancy | None = None,
     tenant_for: Callable[[str], Tenant] = Tenant,
+    shared_load: SharedQueue | None = None,
 ) -> tuple[Router, DictIndex, InflightLoad]:
+    """``shared_load``: the load shared with other replicas (lookups then wait on I/O, as with Redis)."""
     registry = registry or EndpointRegistry([Endpoint(A), Endpoint(B)])
     for eid in registry.snapshot():
         registry.scraped(eid, EngineMetrics(running=0, waiting=0, kv_usage=0.1, models=frozenset({"m"})))
@@ -140,6 +143,8 @@ def make_router(
         metrics=metrics,
         pd=pd,
         occupancy=occupancy,
+        shared_load=shared_load,
+        lookups_wait_on_io=shared_load is not None,
     )
     settings = settings or RouterSettings()
     local = LocalDecider(decider, settings.decider, rng=random.Random(0))

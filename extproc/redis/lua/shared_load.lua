@@ -1,23 +1,31 @@
--- KEYS: load. ARGV: rate (tokens/s), add (tokens, may be 0), then the endpoints. With add > 0 there is exactly
--- one endpoint. Returns the drained queues (strings, for exact floats).
+-- KEYS: load. ARGV: rate (tokens/s), pick ('' = read only), tokens to reserve on the pick, the pick's version
+-- the caller decided on (-1 = reserve whatever it is), then the endpoints to read (the pick among them, if any).
+-- A field is "<tokens>:<updated_ms>:<version>"; every reservation bumps its endpoint's version, so a caller
+-- whose version is stale knows another replica reserved there since it read (draining never bumps it).
+-- Reserves only when tokens > 0 and the version matches (or is -1). Returns "1" (reserved) or "0", then for
+-- each endpoint its drained queue (a string, for exact floats) and version, after the reservation.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local rate = tonumber(ARGV[1]) / 1000.0
-local add = tonumber(ARGV[2])
-local out = {}
-for i = 3, #ARGV do
+local pick, add, expected = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local reserved = '0'
+local out = {reserved}
+for i = 5, #ARGV do
   local v = redis.call('HGET', KEYS[1], ARGV[i])
-  local q = 0.0
+  local q, version = 0.0, 0
   if v then
-    local sep = string.find(v, ':', 1, true)
-    local tokens = tonumber(string.sub(v, 1, sep - 1))
-    local at = tonumber(string.sub(v, sep + 1))
-    q = math.max(0.0, tokens - rate * math.max(0, now - at))
+    local a = string.find(v, ':', 1, true)
+    local b = string.find(v, ':', a + 1, true)
+    local at = tonumber(string.sub(v, a + 1, (b or 0) - 1))
+    q = math.max(0.0, tonumber(string.sub(v, 1, a - 1)) - rate * math.max(0, now - at))
+    if b then version = tonumber(string.sub(v, b + 1)) end
   end
-  if add > 0 then
-    q = q + add
-    redis.call('HSET', KEYS[1], ARGV[i], string.format('%.1f', q) .. ':' .. now)
+  if ARGV[i] == pick and add > 0 and (expected < 0 or expected == version) then
+    q, version, reserved = q + add, version + 1, '1'
+    redis.call('HSET', KEYS[1], pick, string.format('%.1f', q) .. ':' .. now .. ':' .. version)
   end
   out[#out + 1] = string.format('%.1f', q)
+  out[#out + 1] = tostring(version)
 end
+out[1] = reserved
 return out
