@@ -26,6 +26,7 @@ from extproc.backends.hot_blocks import HotBlocks
 from extproc.backends.inflight import InflightLoad
 from extproc.backends.load import snapshot
 from extproc.backends.registry import EndpointRecord, EndpointRegistry
+from extproc.decision_line import Observed, merged_phases, observe
 from extproc.errors import NoEndpoint, RouterError
 from extproc.kvcache.index import Chain, IndexUnavailable, PrefixIndex
 from extproc.kvcache.occupancy import Occupancy
@@ -198,7 +199,9 @@ class LocalDecider:
         if self._settings.track_served:
             self._remember(ask.request_id, decision.endpoints[0], routing.block_hashes)
         timer.mark("total_end")
-        self._observe(ask, routing, decision, timer, split)
+        phases = merged_phases(ask.phases_s, timer.phases())
+        seen = Observed(routing, decision, split, phases, self._ttft_ratio(decision.endpoints[0]), ask.body_head)
+        observe(self._deps.metrics, seen, log_prompts=self._settings.log_prompts)
         headers = {
             wire.REASON_HEADER: decision.reason.value,
             wire.CACHED_TOKENS_HEADER: str(decision.cached_tokens),
@@ -487,49 +490,6 @@ class LocalDecider:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _observe(
-        self, ask: Ask, routing: RoutingRequest, decision: Decision, timer: PhaseTimer, split: pd.PdChoice | None
-    ) -> None:
-        m = self._deps.metrics
-        m.decisions.labels(decision.reason.value).inc()
-        if split is not None:
-            m.pd_decisions.labels(split.reason.value).inc()
-        m.cached_tokens.inc(decision.cached_tokens)
-        m.prompt_tokens.inc(routing.prompt_tokens)
-        m.tap.decided(routing, decision)
-        phases = merged_phases(ask.phases_s, timer.phases())
-        for phase, seconds in phases.items():
-            m.phase_seconds.labels(phase).observe(seconds)
-        if log.isEnabledFor(logging.INFO):
-            extra: dict[str, object] = {}
-            if self._settings.log_prompts:
-                extra["body_head"] = ask.body_head.decode(errors="replace")
-            if split is not None:
-                extra["pd"] = {
-                    "prefill": split.prefill,
-                    "reason": split.reason.value,
-                    "uncached": split.uncached_tokens,
-                }
-            log.info(
-                json.dumps(
-                    {
-                        **extra,
-                        "request_id": routing.request_id,
-                        "model": routing.model,
-                        "tenant": routing.tenant.id,
-                        "endpoint": decision.endpoints[0],
-                        "fallbacks": decision.endpoints[1:],
-                        "reason": decision.reason.value,
-                        "prompt_tokens": routing.prompt_tokens,
-                        "cached_tokens": decision.cached_tokens,
-                        "estimates_s": {e: round(v, 4) for e, v in decision.estimates_s.items()},
-                        "ttft_ratio": round(self._ttft_ratio(decision.endpoints[0]), 3),
-                        "scores": {e: round(v, 4) for e, v in decision.scores.items()},
-                        "ms": {k: round(v * 1000, 3) for k, v in phases.items()},
-                    }
-                )
-            )
-
     def _ttft_ratio(self, endpoint: EndpointId) -> float:
         """The pick's measured actual / predicted TTFT so far (1.0 until calibration has measured it)."""
         return self._deps.calibration.ratio(endpoint) if self._deps.calibration else 1.0
@@ -545,11 +505,3 @@ def _uncached(routing: RoutingRequest) -> Callable[[Decided], int]:
         return max(routing.prompt_tokens - decision.cached_tokens, 0)
 
     return tokens
-
-
-def merged_phases(front_s: Mapping[str, float], decider_s: Mapping[str, float]) -> dict[str, float]:
-    """The front's phases, then the decider's; ``total`` is both totals (the socket hop, if any, excluded)."""
-    out = {k: v for k, v in front_s.items() if k != "total"}
-    out.update((k, v) for k, v in decider_s.items() if k != "total")
-    out["total"] = sum(out.values())
-    return out
