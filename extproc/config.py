@@ -239,6 +239,13 @@ class CostModelConfig(_Strict):
         description="bound on the learned fixed seconds per request (a step's fixed part); the default is ample "
         "for the simulator slowed 5x",
     )
+    pooled_share: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="share of the fleet's mean learned weights in each endpoint's cost (1: one cost model for every "
+        "endpoint, for fleets of one hardware, where per-endpoint differences are noise; 0: each its own)",
+    )
 
 
 class SchedulingConfig(_Strict):

@@ -53,6 +53,7 @@ class CostLearning:
     max_base_s: float
     max_scale: float
     max_interference_per_running: float
+    pooled_share: float
     prior: LearnedCost
     prefill_tokens_per_s: float
 
@@ -119,17 +120,22 @@ class TtftCalibration:
         return ep.ratio if ep else 1.0
 
     def cost(self, endpoint: EndpointId) -> LearnedCost | None:
-        """``endpoint``'s learned cost model. One not taught yet (no traffic, or just joined) gets the mean of
-        the others' weights: an untaught endpoint priced by the configured estimate would look cheaper than
-        every taught one only because nothing corrected it yet. None while nothing is learned (or learning is
-        off)."""
-        ep = self._eps.get(endpoint)
-        if ep is not None and ep.weights is not None:
-            return _as_cost(ep.weights)
+        """``endpoint``'s learned cost model: its own weights blended with the taught endpoints' mean by
+        ``pooled_share``. One not taught yet (no traffic, or just joined) gets the mean: an untaught endpoint
+        priced by the configured estimate would look cheaper than every taught one only because nothing
+        corrected it yet. None while nothing is learned (or learning is off).
+
+        Why pool: on endpoints of one hardware the weights differ only by each one's noise, and a flood placed
+        by the estimate then leans on whichever learned cheapest (bench/results/merged-e81c463)."""
         taught = [e.weights for e in self._eps.values() if e.weights is not None]
         if not taught:
             return None
-        return _as_cost([sum(w[i] for w in taught) / len(taught) for i in range(_FEATURES)])
+        mean = [sum(w[i] for w in taught) / len(taught) for i in range(_FEATURES)]
+        ep = self._eps.get(endpoint)
+        if ep is None or ep.weights is None:
+            return _as_cost(mean)
+        share = self._learning.pooled_share
+        return _as_cost([share * m + (1.0 - share) * own for m, own in zip(mean, ep.weights, strict=True)])
 
     def forget(self, endpoint: EndpointId) -> None:
         self._eps.pop(endpoint, None)

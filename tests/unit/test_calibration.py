@@ -29,7 +29,8 @@ class Sink:
 
 
 def learning(enabled: bool = True, **over: float) -> CostLearning:
-    knobs = {"learning_rate": 0.3, "max_base_s": 0.5, "max_scale": 4.0, "max_interference_per_running": 0.1}
+    knobs = {"learning_rate": 0.3, "max_base_s": 0.5, "max_scale": 4.0, "max_interference_per_running": 0.1,
+             "pooled_share": 0.0}  # fmt: skip
     knobs.update(over)
     return CostLearning(learn=enabled, prior=PRIOR, prefill_tokens_per_s=10_000.0, **knobs)  # type: ignore[arg-type]
 
@@ -140,6 +141,28 @@ def test_an_untaught_endpoint_gets_the_mean_of_the_taught_ones() -> None:
     assert cal.cost(B) == cal.cost(A)
     cal.forget(A)
     assert cal.cost(B) is None
+
+
+def _two_taught(share: float) -> tuple[LearnedCost, LearnedCost]:
+    """A taught by 100 intervals of ``TRUE``, B by one interval of a cheaper engine; their costs at ``share``."""
+    cal = TtftCalibration(Sink(), learning(pooled_share=share))
+    _drive(cal, TRUE, 100)
+    cal.observe(B, PhaseTotals(0.0, 0))
+    cal.predicted(B, 0.1, CostTerms(work_s=0.1, running=0, queue_s=0.0, fixed_s=0.0).features(), 0.0)
+    cal.observe(B, PhaseTotals(0.05, 1))
+    a, b = cal.cost(A), cal.cost(B)
+    assert a is not None and b is not None
+    return a, b
+
+
+def test_pooled_share_blends_each_endpoints_weights_with_the_fleets_mean() -> None:
+    def gap(share: float) -> float:
+        a, b = _two_taught(share)
+        return abs(a.prefill_scale - b.prefill_scale)
+
+    assert gap(0.0) > 0.1  # each its own
+    assert gap(0.5) == pytest.approx(gap(0.0) / 2)
+    assert gap(1.0) == pytest.approx(0.0)  # one cost model for the fleet
 
 
 def test_learning_off_never_teaches() -> None:
