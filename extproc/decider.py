@@ -239,25 +239,18 @@ class LocalDecider:
             ]
             return pd.decide(self._deps.profile, self._deps.pd, routing, candidates, self._rng)
 
-        if shared is None or self._reserver is None:
+        reserver = self._reserver if shared is not None else None
+        if reserver is None or not await self._enter_step():
             decided = decide(shared)
             timer.mark("score")
             await self._commit(routing, decided, candidates, precise, shared_reserved=False)
             return decided
-        try:  # bounded: a slow Redis holding the step up must not stall the requests queued behind it
-            async with asyncio.timeout(self._settings.lookup_deadline_s):
-                await self._serial.acquire()
-        except TimeoutError:
-            decided = decide(shared)
-            timer.mark("score")
-            self._deps.metrics.reservations.labels("busy").inc()
-            await self._commit(routing, decided, candidates, precise, shared_reserved=False)
-            return decided
+        assert shared is not None  # a reserver is used only with a shared view
         try:
             shared = fresher(shared, self._known)
             decided = decide(shared)
             timer.mark("score")
-            settled = await self._reserver.settle(shared, decided, decide, _uncached(routing), ids)
+            settled = await reserver.settle(shared, decided, decide, _uncached(routing), ids)
             if settled.queues is not None:
                 self._known = settled.queues
             self._deps.metrics.reservations.labels(settled.outcome).inc()
@@ -266,6 +259,17 @@ class LocalDecider:
             return settled.decided
         finally:
             self._serial.release()
+
+    async def _enter_step(self) -> bool:
+        """Take this replica's decide-reserve-record step, bounded: a slow Redis holding it up must not stall
+        the requests queued behind it. False (counted ``busy``) past the lookup deadline."""
+        try:
+            async with asyncio.timeout(self._settings.lookup_deadline_s):
+                await self._serial.acquire()
+        except TimeoutError:
+            self._deps.metrics.reservations.labels("busy").inc()
+            return False
+        return True
 
     async def _commit(
         self,
@@ -279,10 +283,12 @@ class LocalDecider:
         """Record the decision (and a disaggregated request's prefill leg); tell the calibration what it predicted."""
         decision, split = decided
         self._predicted(routing, candidates, decision)
-        disagg = split is not None and split.prefill is not None
-        await self._record(routing, decision, precise, prefilled_elsewhere=disagg, shared_reserved=shared_reserved)
-        if split is not None and split.prefill is not None:
-            await self._record_prefill(routing, split.prefill)
+        prefill = split.prefill if split is not None else None
+        await self._record(
+            routing, decision, precise, prefilled_elsewhere=prefill is not None, shared_reserved=shared_reserved
+        )
+        if prefill is not None:
+            await self._record_prefill(routing, prefill)
 
     async def _lookup(
         self, hashes: Sequence[BlockHash], endpoints: Sequence[EndpointId], precise: frozenset[EndpointId]
