@@ -104,6 +104,17 @@ TABLE = [
      [cand(A, 0, capacity=600, hot=400), cand(B, 0, queued=1000, capacity=600, hot=100)], B, Reason.LOAD),
     ("cold-prefix-not-placed-on-a-swamped-endpoint",
      [cand(A, 0, capacity=600, hot=400), cand(B, 0, queued=9000, capacity=600, hot=100)], A, Reason.LOAD),
+    # Issue 13's last cascade (bench/results/issue13-cascade): the 16th of 16 groups on 4 backends. B has the best
+    # estimate (by 0.07 s) but already homes 4 groups (432 hot blocks); C homes 3. A fifth home on B overloads it
+    # for the rest of the run (every later request of its groups holds there), so C.
+    ("cold-prefix-not-a-fifth-home",
+     [cand(A, 0, queued=1700, capacity=600, hot=432), cand(B, 0, capacity=600, hot=432),
+      cand(C, 0, queued=840, capacity=600, hot=324)], C, Reason.LOAD),
+    # What the cascading runs saw: hot sets left over from before the caches were reset read full (600 of 600)
+    # everywhere, so placement fell back to the estimate and put that fifth group on B.
+    ("full-hot-sets-leave-placement-to-the-estimate",
+     [cand(A, 0, queued=1700, capacity=600, hot=600), cand(B, 0, capacity=600, hot=600),
+      cand(C, 0, queued=840, capacity=600, hot=600)], B, Reason.LOAD),
     # The spill cascade's first step, refused: B's cache is full (600 of 600), the copy would evict a prefix.
     ("busy-warm-holds-when-no-cache-has-room",
      [cand(A, 99, queued=50000, capacity=600, hot=600), cand(B, 0, capacity=600, hot=600)], A, Reason.HOLD),
