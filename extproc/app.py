@@ -18,7 +18,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from extproc.backends.calibration import CostLearning, TtftCalibration
 from extproc.backends.dns import DnsDiscovery, DnsResolver, system_nameserver
-from extproc.backends.hot_blocks import HotBlocks, HotBlockWrites
+from extproc.backends.hot_blocks import HotBlocks
 from extproc.backends.inflight import InflightLoad
 from extproc.backends.registry import EndpointRegistry
 from extproc.backends.scraper import Scraper
@@ -28,8 +28,8 @@ from extproc.diagnostics.report import render_section
 from extproc.front_build import build_front, processor_options, router_settings, warm_up
 from extproc.indexes import build_indexes
 from extproc.kvcache.feed import EventFeed
-from extproc.kvcache.gate import IndexWrites
-from extproc.kvcache.occupancy import AttributedWrites, Occupancy
+from extproc.kvcache.gate import CacheObserver, ObservedWrites
+from extproc.kvcache.occupancy import Occupancy
 from extproc.kvcache.subscriber import EventSource
 from extproc.lifecycle import EndpointLifecycle
 from extproc.observability import CountersCollector, PreciseGauge, RouterMetrics
@@ -107,14 +107,14 @@ class App:
         self._pool_of: dict[EndpointId, DnsDiscoveryConfig] = {}  # discovered endpoint -> the name that found it
         self.schemes = SchemeResolver({m.name: m for m in config.models}, self.registry)
         self.occupancy = tenant_occupancy(config)
-        writes: IndexWrites = HotBlockWrites(self.indexes.writes, self.hot_blocks)  # hot sets follow the cache
-        if self.occupancy is not None:
-            writes = AttributedWrites(writes, self.occupancy)
+        observers: list[CacheObserver] = [self.hot_blocks]  # hot sets and occupancy follow the engines' caches
+        observers += [] if self.occupancy is None else [self.occupancy]
+        writes = ObservedWrites(self.indexes.writes, observers)
         self.feed = EventFeed(
             sources_from_config(config.endpoints), writes, self.approx, self._scheme_of, leases=self.indexes.leases,
         )  # fmt: skip
         self.calibration = TtftCalibration(self.metrics, cost_learning(config.scheduling))
-        forgets = [self.calibration.forget, self.hot_blocks.forget]
+        forgets = [self.calibration.forget, self.hot_blocks.cleared]
         forgets += [] if self.occupancy is None else [self.occupancy.cleared]
         self.lifecycle = EndpointLifecycle(self.registry, self.scraper.set_targets, self.feed, self.indexes,
                                            self.inflight, forgets)  # fmt: skip

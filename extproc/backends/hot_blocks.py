@@ -8,10 +8,11 @@ long an unreused block survives. No window to tune: the endpoint's own capacity 
 
 Fed by the decider once per decision (``routed``), read per candidate (``hot``, ``hits``: how often the
 request's deepest cached block was hit there, the reuse a copy of that prefix is spread over). Kept to what the
-engine still holds by its KV events (``HotBlockWrites``): an evicted block is not hot, and a cleared cache
-(``AllBlocksCleared``, a purge) or an endpoint that left has no hot blocks. Without that, the hot sets of a cache
-that was reset outlived it, read as full on every endpoint, and cold placement fell back to the momentary
-estimate: the spill cascade's last cause (``docs/scheduling.md``). Not thread-safe: the event loop.
+engine still holds by its KV events (a ``CacheObserver`` of ``kvcache.gate.ObservedWrites``): an evicted block
+is not hot, and a cleared cache (``AllBlocksCleared``, a purge) or an endpoint that left has no hot blocks.
+Without that, the hot sets of a cache that was reset outlived it, read as full on every endpoint, and cold
+placement fell back to the momentary estimate: the spill cascade's last cause (``docs/scheduling.md``). Not
+thread-safe: the event loop.
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from extproc.kvcache.gate import IndexWrites
-from extproc.kvcache.index import Chain
 from extproc.types import BlockHash, EndpointId
 
 
@@ -84,8 +83,12 @@ class HotBlocks:
             if ep.hits.pop(h, None) is not None:
                 ep.counts.pop(h, None)
 
-    def forget(self, endpoint: EndpointId) -> None:
-        """The endpoint left, or its cache was cleared."""
+    def stored(self, endpoint: EndpointId, hashes: Sequence[BlockHash]) -> None:
+        """The engine stored ``hashes`` (``BlockStored``): nothing to do, a block becomes hot by a hit, and what
+        was stored is counted from our own routing (``routed``)."""
+
+    def cleared(self, endpoint: EndpointId) -> None:
+        """The endpoint left, or its cache was cleared (``AllBlocksCleared``, a purge)."""
         self._eps.pop(endpoint, None)
 
     @staticmethod
@@ -97,27 +100,3 @@ class HotBlocks:
                 return
             del hits[oldest]
             ep.counts.pop(oldest, None)
-
-
-class HotBlockWrites:
-    """An ``IndexWrites`` that keeps ``hot`` to what the engine still holds, then writes ``inner``: evictions
-    drop their blocks, a clear (``AllBlocksCleared``, a purge) forgets the endpoint.
-
-    ``hot`` hears every event this replica applies, whether or not ``inner`` (a fenced shared index) takes the
-    write: the engine's cache changed either way, and each replica's hot set is its own."""
-
-    def __init__(self, inner: IndexWrites, hot: HotBlocks) -> None:
-        self._inner = inner
-        self._hot = hot
-
-    async def store(self, endpoint: EndpointId, hashes: Sequence[BlockHash], *, ttl_s: float | None = None,
-                    chain: Chain | None = None) -> bool | None:  # fmt: skip
-        return await self._inner.store(endpoint, hashes, ttl_s=ttl_s, chain=chain)
-
-    async def remove(self, endpoint: EndpointId, hashes: Sequence[BlockHash]) -> bool | None:
-        self._hot.removed(endpoint, hashes)
-        return await self._inner.remove(endpoint, hashes)
-
-    async def clear(self, endpoint: EndpointId) -> bool | None:
-        self._hot.forget(endpoint)
-        return await self._inner.clear(endpoint)

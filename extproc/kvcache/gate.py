@@ -5,7 +5,8 @@ implementation (leases with fencing in Redis). Without one, the subscriber alway
 
 ``IndexWrites`` is how ingest writes: any ``PrefixIndex`` is one (every write lands, or raises
 ``IndexUnavailable``); the leases' fenced view is another, whose writes answer False when this replica may
-not make them (another replica holds the endpoint's lease).
+not make them (another replica holds the endpoint's lease). ``ObservedWrites`` is a tee in front of either: it
+tells ``CacheObserver``s (tenant occupancy, the hot sets) what each engine's cache did.
 """
 
 from __future__ import annotations
@@ -106,3 +107,41 @@ def in_step(shared: SharedState, seen: Mapping[int, bytes]) -> bool:
     endpoint (no phantom is possible), or its stored position is a batch of that very engine process."""
     pos = shared.position
     return shared.entries == 0 or (pos is not None and seen.get(pos.seq) == pos.digest)
+
+
+class CacheObserver(Protocol):
+    """Something kept to what an engine's cache holds, by the KV events this replica applies."""
+
+    def stored(self, endpoint: EndpointId, hashes: Sequence[BlockHash]) -> None: ...
+
+    def removed(self, endpoint: EndpointId, hashes: Sequence[BlockHash]) -> None: ...
+
+    def cleared(self, endpoint: EndpointId) -> None: ...
+
+
+class ObservedWrites:
+    """An ``IndexWrites`` that tells each observer what the engine stored, removed and cleared, then writes
+    ``inner``.
+
+    The observers hear every event this replica applies, whether or not ``inner`` (a fenced shared index)
+    takes the write: the engine's cache changed either way, and each observer is this replica's own."""
+
+    def __init__(self, inner: IndexWrites, observers: Sequence[CacheObserver]) -> None:
+        self._inner = inner
+        self._observers = tuple(observers)
+
+    async def store(self, endpoint: EndpointId, hashes: Sequence[BlockHash], *, ttl_s: float | None = None,
+                    chain: Chain | None = None) -> bool | None:  # fmt: skip
+        for o in self._observers:
+            o.stored(endpoint, hashes)
+        return await self._inner.store(endpoint, hashes, ttl_s=ttl_s, chain=chain)
+
+    async def remove(self, endpoint: EndpointId, hashes: Sequence[BlockHash]) -> bool | None:
+        for o in self._observers:
+            o.removed(endpoint, hashes)
+        return await self._inner.remove(endpoint, hashes)
+
+    async def clear(self, endpoint: EndpointId) -> bool | None:
+        for o in self._observers:
+            o.cleared(endpoint)
+        return await self._inner.clear(endpoint)

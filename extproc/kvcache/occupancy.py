@@ -5,7 +5,7 @@ Two writers, one owner (the composition root), both on the event loop:
 * the decider, per routed request (``routed``): the blocks the prompt will *add* on the pick (those past its
   cached prefix) become *pending* for the request's class there, and the class's uncached tokens join a
   per-(endpoint, class) queue that drains at the prefill rate (``inflight_uncached``);
-* the ingest, through ``AttributedWrites`` (a tee in front of the precise index's writes): a ``BlockStored``
+* the ingest, through ``gate.ObservedWrites`` (a tee in front of the precise index's writes): a ``BlockStored``
   hash that is pending on that endpoint becomes *owned* by the pending class (otherwise it is owned by
   ``UNATTRIBUTED``: another replica routed it, or the pending entry expired); a ``BlockRemoved`` frees it and
   counts one eviction suffered by its owner and one caused by the class that last routed uncached tokens
@@ -29,8 +29,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from extproc.kvcache.gate import IndexWrites
-from extproc.kvcache.index import Chain
 from extproc.types import BlockHash, EndpointId, EndpointShares
 
 UNATTRIBUTED = "unattributed"  # the owner of blocks no request of ours is known to have put there
@@ -120,7 +118,7 @@ class Occupancy:
             for cls, n in counts.items():
                 yield cls, endpoint, n
 
-    # -- the write path (AttributedWrites) -------------------------------------------------------------------
+    # -- the write path (ObservedWrites) ----------------------------------------------------------------------
     def stored(self, endpoint: EndpointId, hashes: Sequence[BlockHash]) -> None:
         owned = self._owned.setdefault(endpoint, {})
         counts = self._counts.setdefault(endpoint, {})
@@ -183,27 +181,3 @@ def _uncount(counts: dict[str, int], cls: str) -> None:
     counts[cls] -= 1
     if not counts[cls]:
         del counts[cls]
-
-
-class AttributedWrites:
-    """An ``IndexWrites`` that tells ``occupancy`` what the engine stored and removed, then writes ``inner``.
-
-    The occupancy hears every event this replica applies, whether or not ``inner`` (a fenced shared index)
-    takes the write: the engine's cache changed either way."""
-
-    def __init__(self, inner: IndexWrites, occupancy: Occupancy) -> None:
-        self._inner = inner
-        self._occupancy = occupancy
-
-    async def store(self, endpoint: EndpointId, hashes: Sequence[BlockHash], *, ttl_s: float | None = None,
-                    chain: Chain | None = None) -> bool | None:  # fmt: skip
-        self._occupancy.stored(endpoint, hashes)
-        return await self._inner.store(endpoint, hashes, ttl_s=ttl_s, chain=chain)
-
-    async def remove(self, endpoint: EndpointId, hashes: Sequence[BlockHash]) -> bool | None:
-        self._occupancy.removed(endpoint, hashes)
-        return await self._inner.remove(endpoint, hashes)
-
-    async def clear(self, endpoint: EndpointId) -> bool | None:
-        self._occupancy.cleared(endpoint)
-        return await self._inner.clear(endpoint)

@@ -4,7 +4,8 @@ import asyncio
 
 import pytest
 
-from extproc.backends.hot_blocks import HotBlocks, HotBlockWrites
+from extproc.backends.hot_blocks import HotBlocks
+from extproc.kvcache.gate import ObservedWrites
 from extproc.kvcache.memory_index import MemoryPrefixIndex
 from extproc.types import BlockHash, EndpointId
 
@@ -55,7 +56,7 @@ def test_a_placed_prefix_is_hot_at_once() -> None:
 def test_forget_drops_the_endpoint() -> None:
     hot = HotBlocks(lambda e: 100)
     hot.routed(A, hashes(0, 20), cached_blocks=20, placed=False)
-    hot.forget(A)
+    hot.cleared(A)
     assert hot.hot(A) == 0
 
 
@@ -88,7 +89,7 @@ def test_the_writes_keep_the_hot_set_to_what_the_engine_holds() -> None:
     chose their homes (5/4/4/3). A clear now forgets the endpoint, so each run places on its own hot sets."""
     index = MemoryPrefixIndex()
     hot = HotBlocks(lambda e: 600)
-    writes = HotBlockWrites(index, hot)
+    writes = ObservedWrites(index, [hot])
     first_run = [hashes(1000 * g, 108) for g in range(4)]  # four groups homed on A
 
     async def go() -> None:

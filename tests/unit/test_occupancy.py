@@ -6,8 +6,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from extproc import wire
 from extproc.config import TenantClass, TenantsConfig
+from extproc.kvcache.gate import ObservedWrites
 from extproc.kvcache.memory_index import MemoryPrefixIndex
-from extproc.kvcache.occupancy import UNATTRIBUTED, AttributedWrites, Occupancy
+from extproc.kvcache.occupancy import UNATTRIBUTED, Occupancy
 from extproc.resolvers import TenantResolver
 from extproc.status.tenant_cache import TenantCacheCollector, render_section
 from extproc.types import BlockHash, EndpointId, HttpRequest, Route
@@ -96,7 +97,7 @@ def test_pending_attribution_expires() -> None:
 def test_the_tee_tells_occupancy_and_writes_the_index() -> None:
     index = MemoryPrefixIndex()
     occ = occupancy()
-    writes = AttributedWrites(index, occ)
+    writes = ObservedWrites(index, [occ])
     occ.routed(A, "batch", H[:3], 0, 48)
 
     async def go() -> None:

@@ -3,7 +3,8 @@ backend), fed as the decider feeds it, across the cell's runs; print each cold p
 every backend's estimate, hot blocks and groups homed so far, as the profile saw them.
 
 ``PYTHONPATH=. python bench/results/issue13-cascade/hotreplay.py PICKER_LOG [--reset]``; ``--reset``: forget
-the hot sets between runs, as ``HotBlockWrites`` does on the caches' ``AllBlocksCleared`` (the fixed tree).
+the hot sets between runs, as ``ObservedWrites`` does for ``HotBlocks`` on ``AllBlocksCleared``
+(the fixed tree).
 """
 
 import json
