@@ -9,6 +9,7 @@ into the caller's "unavailable" exception (``IndexUnavailable``, ``SharedLoadUna
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
@@ -43,12 +44,24 @@ def client_for(url: str, timeout_s: float) -> RedisClient:
     )
 
 
-async def call_within(awaitable: Awaitable[T], timeout_s: float, unavailable: type[Exception]) -> T:
-    """Await one Redis call under ``timeout_s``; every failure raises ``unavailable`` (with the reason)."""
+async def call_within(
+    client: RedisClient, awaitable: Awaitable[T], timeout_s: float, unavailable: type[Exception]
+) -> T:
+    """Await one Redis call of ``client`` under ``timeout_s``; every failure raises ``unavailable`` (with the reason).
+
+    A cluster client learns the slot map first (once; concurrent first calls wait for the one that asks). A cold
+    redis-py 8.1 cluster client sends a keyed script to its default node, which answers MOVED, and on every 5th
+    MOVED it closes all its connections, the other in-flight calls' included: 32 concurrent first calls on a
+    fresh client lost about a third of them that way (``tests/contract/test_shared_load.py``)."""
     try:
         async with asyncio.timeout(timeout_s):
+            if isinstance(client, aioredis.RedisCluster):
+                await client.initialize()
             return await awaitable
     except TimeoutError:
         raise unavailable(f"redis: no answer within {timeout_s}s") from None
     except (RedisError, RedisClusterException, OSError) as exc:  # the cluster's own are not RedisErrors
         raise unavailable(f"redis: {type(exc).__name__}: {exc}") from exc
+    finally:
+        if inspect.iscoroutine(awaitable):
+            awaitable.close()  # a call that never started (initialize failed) must not warn "never awaited"

@@ -137,6 +137,7 @@ class StreamLeases:
         self._timeout_s = timeout_s
         self._clock = clock
         self._leases: dict[EndpointId, _Lease] = {}
+        self._r = client
         self._scripts = {name: client.register_script(source(f"lease_{name}")) for name in _SCRIPTS}
         self._task: asyncio.Task[None] | None = None
 
@@ -353,7 +354,8 @@ class StreamLeases:
             names = [keys.stream, keys.held]
         else:
             names = [keys.lease, keys.stream]
-        return await call_within(self._scripts[name](keys=names, args=list(args)), self._timeout_s, IndexUnavailable)
+        call = self._scripts[name](keys=names, args=list(args))
+        return await call_within(self._r, call, self._timeout_s, IndexUnavailable)
 
 
 class _FencedWrites:

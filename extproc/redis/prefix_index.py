@@ -280,7 +280,7 @@ class RedisPrefixIndex:
 
     async def _call(self, awaitable: Any) -> Any:
         """Await one Redis call under the deadline, mapping every failure to IndexUnavailable."""
-        return await call_within(awaitable, self._timeout_s, IndexUnavailable)
+        return await call_within(self._r, awaitable, self._timeout_s, IndexUnavailable)
 
 
 def _bulk(value: bytes) -> bytes:

@@ -124,4 +124,4 @@ class SharedLoad:
         return Reservation(out[0] in (b"1", "1"), SharedQueues(tokens_by, versions))
 
     async def _call(self, awaitable: Any) -> Any:
-        return await call_within(awaitable, self._timeout_s, SharedLoadUnavailable)
+        return await call_within(self._r, awaitable, self._timeout_s, SharedLoadUnavailable)
