@@ -275,10 +275,11 @@ class Stack:
         proc.start(_log_has(proc, PICKER_READY.pattern), PICKER_READY_TIMEOUT_S)
         return proc
 
-    def add_envoy(self, **options: Any) -> EnvoyProcess:
-        """Another picker Envoy on the same pickers and endpoints; ``options`` are ``EnvoyOptions`` fields
-        (over ``StackSpec.envoy_options``). Stopped with the stack."""
-        envoy = self._start_envoy("picker", f"envoy-added{len(self.added_envoys)}", options)
+    def add_envoy(self, *, processors: list[tuple[str, int]] | None = None, **options: Any) -> EnvoyProcess:
+        """Another picker Envoy on the same endpoints; ``options`` are ``EnvoyOptions`` fields (over
+        ``StackSpec.envoy_options``); ``processors``: the ext_proc servers its picker cluster points at
+        (default: the stack's pickers). Stopped with the stack."""
+        envoy = self._start_envoy("picker", f"envoy-added{len(self.added_envoys)}", options, processors)
         self.added_envoys.append(envoy)
         return envoy
 
@@ -375,19 +376,24 @@ class Stack:
         return urls
 
     def _start_envoy(
-        self, kind: EnvoyKind, name: str | None = None, options: dict[str, Any] | None = None
+        self,
+        kind: EnvoyKind,
+        name: str | None = None,
+        options: dict[str, Any] | None = None,
+        processors: list[tuple[str, int]] | None = None,
     ) -> EnvoyProcess:
         workdir = self.workdir / (name or f"envoy-{kind}")
         extra = {**self.spec.envoy_options, **(options or {})} if kind == "picker" else {}
+        grpc = self.picker_grpc if processors is None else processors
 
         def make() -> EnvoyProcess:  # fresh free ports on every try (start_on_free_ports)
             listen_port, admin_port, spare_port = free_ports(3)
-            host, picker_port = self.picker_grpc[0] if self.picker_grpc else ("127.0.0.1", spare_port)
+            host, picker_port = grpc[0] if grpc else ("127.0.0.1", spare_port)
             opts = EnvoyOptions(
                 endpoints=tuple(self.endpoints), listen_port=listen_port, admin_port=admin_port,
                 picker_host=host, picker_port=picker_port, access_log_path=str(workdir / "access.log"), **extra,
             )  # fmt: skip
-            return EnvoyProcess(opts, workdir, config=envoy_bootstrap(kind, opts, self.picker_grpc))
+            return EnvoyProcess(opts, workdir, config=envoy_bootstrap(kind, opts, grpc))
 
         return start_on_free_ports(make)
 

@@ -1,0 +1,221 @@
+"""The floor under the picker's added latency: what Envoy's ext_proc round trips cost before any decision.
+
+    python -m bench.extproc_floor            # 400 requests per side, one at a time, ~1K-token chat prompts
+    python -m bench.extproc_floor --quick    # 100 per side
+
+One stack on canned backends (``bench/canned_backends.py``: an Envoy answers, nothing tokenizes) and four
+Envoys in front of the same backends; requests go one at a time, interleaved over the sides (the order turns
+each round), each side on its own keep-alive connection:
+
+- ``round_robin``: no ext_proc at all (the baseline every ``added`` is measured against);
+- ``bare``: ext_proc (the picker Envoy's own filter config: BUFFERED, override_host) to the least a grpc.aio
+  servicer can do in that exchange: an empty headers reply, then a body reply built once at start;
+- ``null``: ext_proc to our servicer (``extproc.protocol``: ``Exchange``, inbound, outbound) with a handler
+  that returns a fixed ``Route``: the adapter's cost without a decision;
+- ``picker``: the real picker (parse, render, tokenize, hash, look up, score, reserve).
+
+Per side: latency p50/p90 (send to full response), added p50 over round robin, and the processor's CPU per
+request net of what it spends idle (measured before the rounds). ``bare`` is the floor for any Python
+grpc.aio ext_proc server on this box: a goal below it needs another transport, not a faster picker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.client
+import json
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.picker_latency import filler, messages, pct
+from bench.procs import ManagedProcess, free_ports
+from bench.stack import Stack, StackSpec
+from bench.stack_config import MODEL
+from bench.suite.measure import thread_cpu_s as cpu_s
+
+SIDES = ("round_robin", "bare", "null", "picker")
+PROCESSORS = ("bare", "null")  # the sides whose ext_proc server this module runs itself
+DOC_ITEMS = 64  # filler items: a ~1K-token chat prompt with the system prompt
+READY_TIMEOUT_S = 30.0
+IDLE_S = 3.0
+
+
+# -- the two processors (run as ``--serve KIND``) ----------------------------------------------------------
+async def serve(kind: str, port: int, endpoint: str) -> None:
+    """Serve ``kind`` on 127.0.0.1:``port``, sending every request to ``endpoint``, until killed."""
+    from extproc.protocol.server import start_server
+    from extproc.types import EndpointId, HttpRequest, Route
+
+    route = Route((EndpointId(endpoint),))
+    if kind == "null":
+
+        class FixedRoute:
+            async def route(self, request: HttpRequest) -> Route:
+                return route
+
+        server = await start_server(FixedRoute(), port=port)  # held: a dropped server is collected and stops
+        print(f"ready {kind} on {server.port}", flush=True)
+        await asyncio.Event().wait()
+    await _serve_bare(port, route)
+
+
+async def _serve_bare(port: int, route: object) -> None:
+    import grpc
+
+    from extproc.protocol import outbound
+    from extproc.protocol.pb import external_processor_pb2 as pb
+    from extproc.protocol.pb import external_processor_pb2_grpc as pb_grpc
+
+    common, metadata = outbound.route_mutation(route)  # type: ignore[arg-type]
+    headers_reply = pb.ProcessingResponse(request_headers=pb.HeadersResponse())
+    body_reply = pb.ProcessingResponse(request_body=pb.BodyResponse(response=common), dynamic_metadata=metadata)
+
+    class Bare:
+        async def Process(
+            self, messages: AsyncIterator[pb.ProcessingRequest], context: object
+        ) -> AsyncIterator[pb.ProcessingResponse]:
+            async for message in messages:
+                if message.HasField("request_headers"):
+                    yield headers_reply
+                else:
+                    yield body_reply
+                    return
+
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
+    pb_grpc.add_ExternalProcessorServicer_to_server(Bare(), server)  # type: ignore[no-untyped-call]
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    print(f"ready bare on {port}", flush=True)
+    await asyncio.Event().wait()
+
+
+# -- the client -------------------------------------------------------------------------------------------
+@dataclass
+class Side:
+    name: str
+    url: str
+    pids: list[int]
+    latencies_s: list[float] = field(default_factory=list)
+    cpu_s: float = 0.0
+    busy_s: float = 0.0  # wall time inside its requests (to take the idle cost out)
+    idle_cpu_per_s: float = 0.0
+    errors: int = 0
+
+    def cpu_ms_per_request(self) -> float:
+        n = len(self.latencies_s) + self.errors
+        return (self.cpu_s - self.idle_cpu_per_s * self.busy_s) * 1000 / n if n and self.pids else float("nan")
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection with Nagle off (a small request must not wait for an ACK)."""
+
+    def __init__(self, url: str) -> None:
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        self._conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        self._conn.connect()
+        assert self._conn.sock is not None
+        self._conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def post(self, body: bytes) -> int:
+        self._conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+        response = self._conn.getresponse()
+        response.read()
+        return response.status
+
+
+def run(sides: list[Side], per_side: int) -> None:
+    document = filler(DOC_ITEMS)
+    conns = {s.name: Connection(s.url) for s in sides}
+    for side in sides:  # warm up: connections, the picker's caches
+        for q in range(10):
+            conns[side.name].post(_body(document, 10**6 + q))
+    for side in sides:
+        cpu0, t0 = cpu_s(side.pids), time.monotonic()
+        time.sleep(IDLE_S / len(sides))
+        side.idle_cpu_per_s = (cpu_s(side.pids) - cpu0) / (time.monotonic() - t0)
+    for q in range(per_side):
+        order = sides if q % 2 == 0 else sides[::-1]
+        body = _body(document, q)
+        for side in order:
+            cpu0, t0 = cpu_s(side.pids), time.perf_counter()
+            status = conns[side.name].post(body)
+            took = time.perf_counter() - t0
+            side.cpu_s += cpu_s(side.pids) - cpu0
+            side.busy_s += took
+            if status == 200:
+                side.latencies_s.append(took)
+            else:
+                side.errors += 1
+
+
+def _body(document: str, question: int) -> bytes:
+    return json.dumps({"model": MODEL, "messages": messages(document, question), "max_tokens": 1}).encode()
+
+
+def print_table(sides: list[Side]) -> None:
+    base = pct(next(s for s in sides if s.name == "round_robin").latencies_s, 0.5)
+    print("\nOne request at a time, ~1K-token chat prompts, canned backends (ms)")
+    print(f"{'side':>12} | {'n':>5} | {'p50':>6} {'p90':>6} | {'added p50':>9} | {'CPU ms/req net':>14} | errors")
+    for s in sides:
+        p50, p90 = pct(s.latencies_s, 0.5), pct(s.latencies_s, 0.9)
+        cpu = s.cpu_ms_per_request()
+        cpu_text = "-" if cpu != cpu else f"{cpu:.2f}"
+        print(f"{s.name:>12} | {len(s.latencies_s):>5} | {p50 * 1000:6.2f} {p90 * 1000:6.2f} | "
+              f"{(p50 - base) * 1000:9.2f} | {cpu_text:>14} | {s.errors}")  # fmt: skip
+
+
+def _says_ready(log: Path) -> Callable[[], bool]:
+    return lambda: log.exists() and "ready" in log.read_text()
+
+
+def start_processors(stack: Stack, workdir: Path) -> dict[str, ManagedProcess]:
+    started: dict[str, ManagedProcess] = {}
+    for kind, port in zip(PROCESSORS, free_ports(len(PROCESSORS)), strict=True):
+        argv = [sys.executable, "-m", "bench.extproc_floor", "--serve", kind, "--port", str(port),
+                "--endpoint", stack.backends[0]]  # fmt: skip
+        proc = ManagedProcess(kind, argv, workdir / f"{kind}.log")
+        proc.start(_says_ready(proc.log_path), READY_TIMEOUT_S)
+        started[kind] = proc
+        stack.add_envoy(processors=[("127.0.0.1", port)])
+    return started
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.extproc_floor", description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="100 requests per side instead of 400")
+    p.add_argument("--requests", type=int, default=None, help="requests per side")
+    p.add_argument("--serve", choices=PROCESSORS, help=argparse.SUPPRESS)  # internal: run one processor
+    p.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--endpoint", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.serve:
+        asyncio.run(serve(args.serve, args.port, args.endpoint))
+        return 0
+    per_side = args.requests or (100 if args.quick else 400)
+    spec = StackSpec(backends=4, engine="canned", envoy="picker", extra_envoys=("round_robin",))
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="extproc-floor-") as tmp, Stack(spec, Path(tmp)) as stack:
+        processors = start_processors(stack, Path(tmp))
+        try:
+            added = dict(zip(PROCESSORS, stack.added_envoys, strict=True))
+            sides = [Side("round_robin", stack.url_for("round_robin"), [])]
+            sides += [Side(k, added[k].url(), [processors[k].pid or 0]) for k in PROCESSORS]
+            sides.append(Side("picker", stack.url, stack.picker_pids()))
+            run(sides, per_side)
+        finally:
+            for proc in processors.values():
+                proc.stop()
+    print_table(sides)
+    idle = ", ".join(f"{s.name} {s.idle_cpu_per_s * 1000:.1f}" for s in sides if s.pids)
+    print(f"\nidle CPU subtracted (ms/s): {idle}; total {time.monotonic() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
