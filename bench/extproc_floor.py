@@ -3,7 +3,7 @@
     python -m bench.extproc_floor            # 400 requests per side, one at a time, ~1K-token chat prompts
     python -m bench.extproc_floor --quick    # 100 per side
 
-One stack on canned backends (``bench/canned_backends.py``: an Envoy answers, nothing tokenizes) and four
+One stack on canned backends (``bench/canned_backends.py``: an Envoy answers, nothing tokenizes) and five
 Envoys in front of the same backends; requests go one at a time, interleaved over the sides (the order turns
 each round), each side on its own keep-alive connection:
 
@@ -12,10 +12,14 @@ each round), each side on its own keep-alive connection:
   servicer can do in that exchange: an empty headers reply, then a body reply built once at start;
 - ``null``: ext_proc to our servicer (``extproc.protocol``: ``Exchange``, inbound, outbound) with a handler
   that returns a fixed ``Route``: the adapter's cost without a decision;
-- ``picker``: the real picker (parse, render, tokenize, hash, look up, score, reserve).
+- ``picker``: the real picker (parse, render, tokenize, hash, look up, score, reserve);
+- ``authz``: another transport for the same answer, measured for comparison: the picker Envoy with its
+  ext_proc filter replaced by ext_authz over HTTP/1.1 (body included), to a bare asyncio server whose
+  answer's ``x-gateway-destination-endpoint`` Envoy adds upstream (override_host reads that header too).
 
 Per side: latency p50/p90 (send to full response), added p50 over round robin, and the processor's CPU per
-request net of what it spends idle (measured before the rounds). ``bare`` is the floor for any Python
+request net of what it spends idle (measured before the rounds), and the share of answers served by the
+endpoint the processors name (a pick Envoy did not apply would show there). ``bare`` is the floor for any Python
 grpc.aio ext_proc server on this box: a goal below it needs another transport, not a faster picker.
 """
 
@@ -32,15 +36,19 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
+from bench.envoy_proc import EnvoyProcess, start_on_free_ports
 from bench.picker_latency import filler, messages, pct
 from bench.procs import ManagedProcess, free_ports
 from bench.stack import Stack, StackSpec
-from bench.stack_config import MODEL
+from bench.stack_config import MODEL, UPSTREAM_HOST_HEADER, envoy_bootstrap
 from bench.suite.measure import thread_cpu_s as cpu_s
+from extproc.envoy.filters import EXT_PROC_FILTER
+from extproc.envoy_config import EnvoyOptions
+from extproc.wire import DESTINATION_HEADER as DESTINATION
 
-SIDES = ("round_robin", "bare", "null", "picker")
-PROCESSORS = ("bare", "null")  # the sides whose ext_proc server this module runs itself
+PROCESSORS = ("bare", "null", "authz")  # the sides whose server this module runs itself
 DOC_ITEMS = 64  # filler items: a ~1K-token chat prompt with the system prompt
 READY_TIMEOUT_S = 30.0
 IDLE_S = 3.0
@@ -53,6 +61,8 @@ async def serve(kind: str, port: int, endpoint: str) -> None:
     from extproc.types import EndpointId, HttpRequest, Route
 
     route = Route((EndpointId(endpoint),))
+    if kind == "authz":
+        await _serve_authz(port, endpoint)
     if kind == "null":
 
         class FixedRoute:
@@ -95,6 +105,77 @@ async def _serve_bare(port: int, route: object) -> None:
     await asyncio.Event().wait()
 
 
+class _AuthzProtocol(asyncio.Protocol):
+    """HTTP/1.1 keep-alive: each complete request (headers plus Content-Length bytes) gets ``answer``."""
+
+    def __init__(self, answer: bytes) -> None:
+        self._answer = answer
+        self._pending = b""  # bytes of a request not yet complete
+        self._write: Callable[[bytes], object] = lambda _: None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._write = cast(asyncio.WriteTransport, transport).write
+
+    def data_received(self, data: bytes) -> None:
+        self._pending += data
+        while (end := self._pending.find(b"\r\n\r\n")) >= 0:
+            head = self._pending[:end].lower()
+            at = head.find(b"content-length:")
+            length = int(head[at + 15 :].split(b"\r\n", 1)[0]) if at >= 0 else 0
+            if len(self._pending) < end + 4 + length:
+                return
+            self._pending = self._pending[end + 4 + length :]
+            self._write(self._answer)
+
+
+async def _serve_authz(port: int, endpoint: str) -> None:
+    from extproc import wire
+
+    answer = f"HTTP/1.1 200 OK\r\n{wire.DESTINATION_HEADER}: {endpoint}\r\ncontent-length: 0\r\n\r\n".encode()
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: _AuthzProtocol(answer), "127.0.0.1", port)
+    print(f"ready authz on {port}", flush=True)
+    async with server:
+        await asyncio.Event().wait()
+
+
+def authz_bootstrap(opts: EnvoyOptions, authz_port: int) -> dict[str, Any]:
+    """The picker Envoy's bootstrap with ext_authz (HTTP, body included) where its ext_proc filter was."""
+    config = envoy_bootstrap("picker", opts, [])
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    authz = {
+        "name": "envoy.filters.http.ext_authz",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthz",
+            "http_service": {
+                "server_uri": {"uri": f"http://127.0.0.1:{authz_port}", "cluster": "authz", "timeout": "2s"},
+                "authorization_response": {"allowed_upstream_headers": {"patterns": [{"exact": DESTINATION}]}},
+            },
+            "with_request_body": {"max_request_bytes": 32 << 20, "allow_partial_message": False},
+            "failure_mode_allow": True,
+        },
+    }
+    hcm["http_filters"] = [authz if f["name"] == EXT_PROC_FILTER else f for f in hcm["http_filters"]]
+    endpoint = {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": authz_port}}}}
+    config["static_resources"]["clusters"].append({
+        "name": "authz", "type": "STATIC", "connect_timeout": "1s",
+        "load_assignment": {"cluster_name": "authz", "endpoints": [{"lb_endpoints": [endpoint]}]},
+    })  # fmt: skip
+    return config
+
+
+def start_authz_envoy(stack: Stack, workdir: Path, authz_port: int) -> EnvoyProcess:
+    def make() -> EnvoyProcess:  # fresh free ports on every try
+        listen_port, admin_port, unused_port = free_ports(3)
+        opts = EnvoyOptions(
+            endpoints=tuple(stack.endpoints), listen_port=listen_port, admin_port=admin_port,
+            picker_port=unused_port, access_log_path=str(workdir / "access.log"),
+        )  # fmt: skip
+        return EnvoyProcess(opts, workdir, config=authz_bootstrap(opts, authz_port))
+
+    return start_on_free_ports(make)
+
+
 # -- the client -------------------------------------------------------------------------------------------
 @dataclass
 class Side:
@@ -106,6 +187,7 @@ class Side:
     busy_s: float = 0.0  # wall time inside its requests (to take the idle cost out)
     idle_cpu_per_s: float = 0.0
     errors: int = 0
+    to_fixed: int = 0  # answers served by the endpoint the processors name (a pick that was not applied shows)
 
     def cpu_ms_per_request(self) -> float:
         n = len(self.latencies_s) + self.errors
@@ -122,14 +204,15 @@ class Connection:
         assert self._conn.sock is not None
         self._conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def post(self, body: bytes) -> int:
+    def post(self, body: bytes) -> tuple[int, str]:
+        """The status and the upstream that served it (the stack's Envoys name it in a response header)."""
         self._conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
         response = self._conn.getresponse()
         response.read()
-        return response.status
+        return response.status, response.getheader(UPSTREAM_HOST_HEADER, "")
 
 
-def run(sides: list[Side], per_side: int) -> None:
+def run(sides: list[Side], per_side: int, fixed: str) -> None:
     document = filler(DOC_ITEMS)
     conns = {s.name: Connection(s.url) for s in sides}
     for side in sides:  # warm up: connections, the picker's caches
@@ -144,8 +227,9 @@ def run(sides: list[Side], per_side: int) -> None:
         body = _body(document, q)
         for side in order:
             cpu0, t0 = cpu_s(side.pids), time.perf_counter()
-            status = conns[side.name].post(body)
+            status, upstream = conns[side.name].post(body)
             took = time.perf_counter() - t0
+            side.to_fixed += upstream == fixed
             side.cpu_s += cpu_s(side.pids) - cpu0
             side.busy_s += took
             if status == 200:
@@ -161,20 +245,23 @@ def _body(document: str, question: int) -> bytes:
 def print_table(sides: list[Side]) -> None:
     base = pct(next(s for s in sides if s.name == "round_robin").latencies_s, 0.5)
     print("\nOne request at a time, ~1K-token chat prompts, canned backends (ms)")
-    print(f"{'side':>12} | {'n':>5} | {'p50':>6} {'p90':>6} | {'added p50':>9} | {'CPU ms/req net':>14} | errors")
+    print(f"{'side':>12} | {'n':>5} | {'p50':>6} {'p90':>6} | {'added p50':>9} | {'CPU ms/req net':>14} | "
+          "to the fixed pick | errors")  # fmt: skip
     for s in sides:
         p50, p90 = pct(s.latencies_s, 0.5), pct(s.latencies_s, 0.9)
         cpu = s.cpu_ms_per_request()
         cpu_text = "-" if cpu != cpu else f"{cpu:.2f}"
         print(f"{s.name:>12} | {len(s.latencies_s):>5} | {p50 * 1000:6.2f} {p90 * 1000:6.2f} | "
-              f"{(p50 - base) * 1000:9.2f} | {cpu_text:>14} | {s.errors}")  # fmt: skip
+              f"{(p50 - base) * 1000:9.2f} | {cpu_text:>14} | {s.to_fixed / max(len(s.latencies_s), 1):17.0%} | "
+              f"{s.errors}")  # fmt: skip
 
 
 def _says_ready(log: Path) -> Callable[[], bool]:
     return lambda: log.exists() and "ready" in log.read_text()
 
 
-def start_processors(stack: Stack, workdir: Path) -> dict[str, ManagedProcess]:
+def start_processors(stack: Stack, workdir: Path, envoys: dict[str, EnvoyProcess]) -> dict[str, ManagedProcess]:
+    """Each processor, and the Envoy in front of it (into ``envoys``); the caller stops the authz Envoy."""
     started: dict[str, ManagedProcess] = {}
     for kind, port in zip(PROCESSORS, free_ports(len(PROCESSORS)), strict=True):
         argv = [sys.executable, "-m", "bench.extproc_floor", "--serve", kind, "--port", str(port),
@@ -182,7 +269,10 @@ def start_processors(stack: Stack, workdir: Path) -> dict[str, ManagedProcess]:
         proc = ManagedProcess(kind, argv, workdir / f"{kind}.log")
         proc.start(_says_ready(proc.log_path), READY_TIMEOUT_S)
         started[kind] = proc
-        stack.add_envoy(processors=[("127.0.0.1", port)])
+        if kind == "authz":
+            envoys[kind] = start_authz_envoy(stack, workdir / "envoy-authz", port)
+        else:
+            envoys[kind] = stack.add_envoy(processors=[("127.0.0.1", port)])
     return started
 
 
@@ -201,14 +291,18 @@ def main(argv: list[str] | None = None) -> int:
     spec = StackSpec(backends=4, engine="canned", envoy="picker", extra_envoys=("round_robin",))
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="extproc-floor-") as tmp, Stack(spec, Path(tmp)) as stack:
-        processors = start_processors(stack, Path(tmp))
+        envoys: dict[str, EnvoyProcess] = {}
+        processors: dict[str, ManagedProcess] = {}
         try:
-            added = dict(zip(PROCESSORS, stack.added_envoys, strict=True))
+            processors = start_processors(stack, Path(tmp), envoys)
             sides = [Side("round_robin", stack.url_for("round_robin"), [])]
-            sides += [Side(k, added[k].url(), [processors[k].pid or 0]) for k in PROCESSORS]
+            sides += [Side(k, envoys[k].url(), [processors[k].pid or 0]) for k in ("bare", "null")]
             sides.append(Side("picker", stack.url, stack.picker_pids()))
-            run(sides, per_side)
+            sides.append(Side("authz", envoys["authz"].url(), [processors["authz"].pid or 0]))
+            run(sides, per_side, stack.backends[0])
         finally:
+            if "authz" in envoys:
+                envoys["authz"].stop()  # the others are the stack's
             for proc in processors.values():
                 proc.stop()
     print_table(sides)

@@ -19,9 +19,11 @@ def test_smoke_run_prints_every_side_with_no_errors() -> None:
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240, check=False)
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
-    for side in ("round_robin", "bare", "null", "picker"):
+    for side in ("round_robin", "bare", "null", "picker", "authz"):
         row = re.search(rf"^\s*{side} \|\s+5 \|.*\| 0$", out, re.MULTILINE)
         assert row, out
+    for side in ("bare", "null", "authz"):  # each processor's pick was applied: every answer from its backend
+        assert re.search(rf"^\s*{side} \|.*\|\s+100% \| 0$", out, re.MULTILINE), out
     # each processor side really went through its own ext_proc server: its process spent CPU on the requests
-    cpu = re.findall(r"^\s*(?:bare|null|picker) \|.*\|\s+(-?\d+\.\d\d) \| 0$", out, re.MULTILINE)
-    assert len(cpu) == 3 and all(float(c) > 0.1 for c in cpu), out
+    cpu = re.findall(r"^\s*(?:bare|null|picker|authz) \|.*\|\s+(-?\d+\.\d\d) \|\s+\d+% \| 0$", out, re.MULTILINE)
+    assert len(cpu) == 4 and all(float(c) > 0.0 for c in cpu), out
