@@ -15,7 +15,9 @@ each round), each side on its own keep-alive connection:
 - ``picker``: the real picker (parse, render, tokenize, hash, look up, score, reserve);
 - ``authz``: another transport for the same answer, measured for comparison: the picker Envoy with its
   ext_proc filter replaced by ext_authz over HTTP/1.1 (body included), to a bare asyncio server whose
-  answer's ``x-gateway-destination-endpoint`` Envoy adds upstream (override_host reads that header too).
+  answer's ``x-gateway-destination-endpoint`` Envoy adds upstream (override_host reads that header too);
+- ``picker-authz``: a second picker, built from the stack picker's own config, answering over that transport
+  (``extproc.authz``): the real decision without the grpc.aio exchange.
 
 Per side: latency p50/p90 (send to full response), added p50 over round robin, and the processor's CPU per
 request net of what it spends idle (measured before the rounds), and the share of answers served by the
@@ -48,10 +50,11 @@ from extproc.envoy.filters import EXT_PROC_FILTER
 from extproc.envoy_config import EnvoyOptions
 from extproc.wire import DESTINATION_HEADER as DESTINATION
 
-PROCESSORS = ("bare", "null", "authz")  # the sides whose server this module runs itself
+PROCESSORS = ("bare", "null", "authz", "picker-authz")  # the sides whose server this module runs itself
 DOC_ITEMS = 64  # filler items: a ~1K-token chat prompt with the system prompt
 READY_TIMEOUT_S = 30.0
 IDLE_S = 3.0
+WARM_UP = 10  # requests per side before the measured ones
 
 
 # -- the two processors (run as ``--serve KIND``) ----------------------------------------------------------
@@ -63,6 +66,8 @@ async def serve(kind: str, port: int, endpoint: str) -> None:
     route = Route((EndpointId(endpoint),))
     if kind == "authz":
         await _serve_authz(port, endpoint)
+    if kind == "picker-authz":
+        await _serve_picker_authz(port, Path(endpoint))
     if kind == "null":
 
         class FixedRoute:
@@ -139,6 +144,26 @@ async def _serve_authz(port: int, endpoint: str) -> None:
         await asyncio.Event().wait()
 
 
+async def _serve_picker_authz(port: int, config_path: Path) -> None:
+    """A picker from ``config_path`` (its gRPC on any free port, no metrics), answering ext_authz on ``port``."""
+    from extproc.app import App
+    from extproc.authz import AuthzOptions, start_authz_server
+    from extproc.config import load_config
+    from extproc.front_build import processor_options
+
+    config = load_config(config_path)
+    listen = config.listen.model_copy(update={"grpc_port": 0, "metrics_port": None})
+    config = config.model_copy(update={"listen": listen})
+    app = App(config)
+    await app.start()
+    processing = processor_options(config)
+    options = AuthzOptions(max_body_bytes=processing.max_body_bytes, route_timeout_s=processing.route_timeout_s)
+    server = await start_authz_server(app.router, port=port, options=options)
+    print(f"ready picker-authz on {port}", flush=True)
+    async with server:
+        await asyncio.Event().wait()
+
+
 def authz_bootstrap(opts: EnvoyOptions, authz_port: int) -> dict[str, Any]:
     """The picker Envoy's bootstrap with ext_authz (HTTP, body included) where its ext_proc filter was."""
     config = envoy_bootstrap("picker", opts, [])
@@ -188,6 +213,8 @@ class Side:
     idle_cpu_per_s: float = 0.0
     errors: int = 0
     to_fixed: int = 0  # answers served by the endpoint the processors name (a pick that was not applied shows)
+    envoy: EnvoyProcess | None = None
+    routed: float = float("nan")  # share of its Envoy's access-log lines with a destination header (a pick)
 
     def cpu_ms_per_request(self) -> float:
         n = len(self.latencies_s) + self.errors
@@ -216,7 +243,7 @@ def run(sides: list[Side], per_side: int, fixed: str) -> None:
     document = filler(DOC_ITEMS)
     conns = {s.name: Connection(s.url) for s in sides}
     for side in sides:  # warm up: connections, the picker's caches
-        for q in range(10):
+        for q in range(WARM_UP):
             conns[side.name].post(_body(document, 10**6 + q))
     for side in sides:
         cpu0, t0 = cpu_s(side.pids), time.monotonic()
@@ -238,6 +265,14 @@ def run(sides: list[Side], per_side: int, fixed: str) -> None:
                 side.errors += 1
 
 
+def count_routed(sides: list[Side], per_side: int) -> None:
+    """Each side's share of requests whose access-log line names a destination (the processor picked)."""
+    for side in sides:
+        if side.envoy is not None:
+            entries = side.envoy.wait_for_access_log(per_side + WARM_UP)
+            side.routed = sum(bool(e.dest) for e in entries) / len(entries)
+
+
 def _body(document: str, question: int) -> bytes:
     return json.dumps({"model": MODEL, "messages": messages(document, question), "max_tokens": 1}).encode()
 
@@ -246,13 +281,14 @@ def print_table(sides: list[Side]) -> None:
     base = pct(next(s for s in sides if s.name == "round_robin").latencies_s, 0.5)
     print("\nOne request at a time, ~1K-token chat prompts, canned backends (ms)")
     print(f"{'side':>12} | {'n':>5} | {'p50':>6} {'p90':>6} | {'added p50':>9} | {'CPU ms/req net':>14} | "
-          "to the fixed pick | errors")  # fmt: skip
+          "picked | to the fixed pick | errors")  # fmt: skip
     for s in sides:
         p50, p90 = pct(s.latencies_s, 0.5), pct(s.latencies_s, 0.9)
         cpu = s.cpu_ms_per_request()
         cpu_text = "-" if cpu != cpu else f"{cpu:.2f}"
         print(f"{s.name:>12} | {len(s.latencies_s):>5} | {p50 * 1000:6.2f} {p90 * 1000:6.2f} | "
-              f"{(p50 - base) * 1000:9.2f} | {cpu_text:>14} | {s.to_fixed / max(len(s.latencies_s), 1):17.0%} | "
+              f"{(p50 - base) * 1000:9.2f} | {cpu_text:>14} | {s.routed:6.0%} | "
+              f"{s.to_fixed / max(len(s.latencies_s), 1):17.0%} | "
               f"{s.errors}")  # fmt: skip
 
 
@@ -264,13 +300,14 @@ def start_processors(stack: Stack, workdir: Path, envoys: dict[str, EnvoyProcess
     """Each processor, and the Envoy in front of it (into ``envoys``); the caller stops the authz Envoy."""
     started: dict[str, ManagedProcess] = {}
     for kind, port in zip(PROCESSORS, free_ports(len(PROCESSORS)), strict=True):
+        target = str(stack.workdir / "picker0.yaml") if kind == "picker-authz" else stack.backends[0]
         argv = [sys.executable, "-m", "bench.extproc_floor", "--serve", kind, "--port", str(port),
-                "--endpoint", stack.backends[0]]  # fmt: skip
+                "--endpoint", target]  # fmt: skip
         proc = ManagedProcess(kind, argv, workdir / f"{kind}.log")
         proc.start(_says_ready(proc.log_path), READY_TIMEOUT_S)
         started[kind] = proc
-        if kind == "authz":
-            envoys[kind] = start_authz_envoy(stack, workdir / "envoy-authz", port)
+        if kind in ("authz", "picker-authz"):
+            envoys[kind] = start_authz_envoy(stack, workdir / f"envoy-{kind}", port)
         else:
             envoys[kind] = stack.add_envoy(processors=[("127.0.0.1", port)])
     return started
@@ -282,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=None, help="requests per side")
     p.add_argument("--serve", choices=PROCESSORS, help=argparse.SUPPRESS)  # internal: run one processor
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--endpoint", help=argparse.SUPPRESS)
+    p.add_argument("--endpoint", help=argparse.SUPPRESS)  # picker-authz: the picker config's path
     args = p.parse_args(argv)
     if args.serve:
         asyncio.run(serve(args.serve, args.port, args.endpoint))
@@ -295,14 +332,17 @@ def main(argv: list[str] | None = None) -> int:
         processors: dict[str, ManagedProcess] = {}
         try:
             processors = start_processors(stack, Path(tmp), envoys)
-            sides = [Side("round_robin", stack.url_for("round_robin"), [])]
-            sides += [Side(k, envoys[k].url(), [processors[k].pid or 0]) for k in ("bare", "null")]
-            sides.append(Side("picker", stack.url, stack.picker_pids()))
-            sides.append(Side("authz", envoys["authz"].url(), [processors["authz"].pid or 0]))
+            sides = [Side("round_robin", stack.url_for("round_robin"), [], envoy=stack.envoys["round_robin"])]
+            sides += [Side(k, envoys[k].url(), [processors[k].pid or 0], envoy=envoys[k]) for k in ("bare", "null")]
+            sides.append(Side("picker", stack.url, stack.picker_pids(), envoy=stack.envoy))
+            sides += [Side(k, envoys[k].url(), [processors[k].pid or 0], envoy=envoys[k])
+                      for k in ("authz", "picker-authz")]  # fmt: skip
             run(sides, per_side, stack.backends[0])
+            count_routed(sides, per_side)
         finally:
-            if "authz" in envoys:
-                envoys["authz"].stop()  # the others are the stack's
+            for kind in ("authz", "picker-authz"):
+                if kind in envoys:
+                    envoys[kind].stop()  # the others are the stack's
             for proc in processors.values():
                 proc.stop()
     print_table(sides)
