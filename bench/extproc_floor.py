@@ -145,23 +145,17 @@ async def _serve_authz(port: int, endpoint: str) -> None:
 
 
 async def _serve_picker_authz(port: int, config_path: Path) -> None:
-    """A picker from ``config_path`` (its gRPC on any free port, no metrics), answering ext_authz on ``port``."""
+    """A picker from ``config_path`` with ``listen.authz_port`` = ``port`` (its gRPC on any free port, no
+    metrics): the product's ext_authz path."""
     from extproc.app import App
-    from extproc.authz import AuthzOptions, start_authz_server
     from extproc.config import load_config
-    from extproc.front_build import processor_options
 
     config = load_config(config_path)
-    listen = config.listen.model_copy(update={"grpc_port": 0, "metrics_port": None})
-    config = config.model_copy(update={"listen": listen})
-    app = App(config)
+    listen = config.listen.model_copy(update={"grpc_port": 0, "metrics_port": None, "authz_port": port})
+    app = App(config.model_copy(update={"listen": listen}))
     await app.start()
-    processing = processor_options(config)
-    options = AuthzOptions(max_body_bytes=processing.max_body_bytes, route_timeout_s=processing.route_timeout_s)
-    server = await start_authz_server(app.router, port=port, options=options)
-    print(f"ready picker-authz on {port}", flush=True)
-    async with server:
-        await asyncio.Event().wait()
+    print(f"ready picker-authz on {app.authz_port}", flush=True)
+    await asyncio.Event().wait()
 
 
 def authz_bootstrap(opts: EnvoyOptions, authz_port: int) -> dict[str, Any]:

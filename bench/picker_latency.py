@@ -3,6 +3,7 @@
     python -m bench.picker_latency            # 1K/8K/32K-token prompts x concurrency 1/16/64, a few minutes
     python -m bench.picker_latency --quick    # fewer requests per cell, same table
     python -m bench.picker_latency --picker-tree /tmp/before   # the same client against an older picker
+    python -m bench.picker_latency --transport ext_authz       # Envoy asks the picker over ext_authz (HTTP)
 
 One stack: simulated backends that answer at once (``vllm-sim --sim-time-scale 0``, ``max_tokens: 1``,
 non-streaming), one picker, and two Envoys on the same backends: ``picker`` (ext_proc BUFFERED, fail-open,
@@ -362,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
         help="the picker's tokenizer.verify_fraction (default: the config's); 0 takes the sampled shadow checks "
         "out of the CPU columns, where one HF re-encode of a 100K-token agent step (~0.1 s) moves a cell's mean",
     )
+    p.add_argument("--transport", choices=("ext_proc", "ext_authz"), default="ext_proc",
+                   help="how the picker Envoy asks the picker (envoy/README.md)")  # fmt: skip
     p.add_argument("--workdir", default=None, help="keep logs here (default: a temporary dir, removed)")
     args = p.parse_args(argv)
     if args.agent_tokens is None:
@@ -373,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         backends=args.backends, envoy="picker", extra_envoys=("round_robin",), sim_profile="fast",
         num_gpu_blocks=blocks, max_model_len=max(MAX_MODEL_LEN, args.agent_tokens + 8192),
         sim_args=("--sim-time-scale", "0"), picker_overrides=picker_overrides(args.verify_fraction),
-        picker_tree=args.picker_tree,
+        picker_tree=args.picker_tree, envoy_options={"transport": args.transport},
     )  # fmt: skip
     started = time.monotonic()
     with Stack(spec, workdir) as stack:

@@ -136,6 +136,7 @@ class Stack:
         self._backend_process: dict[str, int] = {}  # backend ip:port -> index in sims
         self.kv_events: dict[str, dict[str, str]] = {}  # backend ip:port -> its KV-event endpoints
         self.picker_grpc: list[tuple[str, int]] = []
+        self.picker_authz: list[tuple[str, int]] = []  # with envoy_options transport ext_authz: their HTTP ports
         self.picker_metrics_urls: list[str] = []
         self._canned: CannedBackends | None = None
 
@@ -271,6 +272,8 @@ class Stack:
         host, grpc_port = self.picker_grpc[index]
         metrics_port = int(self.picker_metrics_urls[index].rsplit(":", 1)[1].split("/")[0])
         listen = {"listen": {"host": host, "grpc_port": grpc_port, "metrics_port": metrics_port}}
+        if self.picker_authz:
+            listen["listen"]["authz_port"] = self.picker_authz[index][1]
         self.pickers[index] = proc = self._picker_process(index, listen, f"picker{index}-{tag}.log")
         proc.start(_log_has(proc, PICKER_READY.pattern), PICKER_READY_TIMEOUT_S)
         return proc
@@ -341,13 +344,17 @@ class Stack:
                 self.kv_events[engine.address] = dict(engine.spec.kv_events)
 
     def _start_picker(self, index: int) -> None:
-        proc = self._picker_process(index, {}, f"picker{index}.log")
+        authz = str(self.spec.envoy_options.get("transport", "ext_proc")) == "ext_authz"
+        proc = self._picker_process(index, {"listen": {"authz_port": 0}} if authz else {}, f"picker{index}.log")
         self.pickers.append(proc)
         proc.start(_log_has(proc, PICKER_READY.pattern), PICKER_READY_TIMEOUT_S)
         match = PICKER_READY.search(proc.log_text())
         assert match is not None
         host, grpc_port, metrics_port = match.group(1), int(match.group(2)), int(match.group(3))
         self.picker_grpc.append((host, grpc_port))
+        if authz:
+            assert match.group(4) is not None, "the picker serves no ext_authz port"
+            self.picker_authz.append((host, int(match.group(4))))
         self.picker_metrics_urls.append(f"http://{host}:{metrics_port}/metrics")
 
     def _picker_process(self, index: int, listen: dict[str, Any], log_name: str) -> ManagedProcess:
@@ -384,7 +391,8 @@ class Stack:
     ) -> EnvoyProcess:
         workdir = self.workdir / (name or f"envoy-{kind}")
         extra = {**self.spec.envoy_options, **(options or {})} if kind == "picker" else {}
-        grpc = self.picker_grpc if processors is None else processors
+        default = self.picker_authz if str(extra.get("transport", "ext_proc")) == "ext_authz" else self.picker_grpc
+        grpc = default if processors is None else processors
 
         def make() -> EnvoyProcess:  # fresh free ports on every try (start_on_free_ports)
             listen_port, admin_port, spare_port = free_ports(3)

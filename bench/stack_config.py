@@ -37,7 +37,7 @@ SIM_READY = re.compile(r"^vllm-sim: ready", re.MULTILINE)
 """The line ``vllm-sim`` prints once every server in its process listens."""
 SIM_SERVING = re.compile(r"^vllm-sim: serving \S+ on http://(\S+)$", re.MULTILINE)
 """One line per server: group 1 is its ``ip:port``."""
-PICKER_READY = re.compile(r"extproc: ready on ([\d.]+):(\d+) \(metrics :(\d+)\)")
+PICKER_READY = re.compile(r"extproc: ready on ([\d.]+):(\d+) \(metrics :(\d+)\)(?: \(authz :(\d+)\))?")
 """``extproc serve``'s line after its first scrape: host, gRPC port, metrics port."""
 
 _LB = "envoy.load_balancing_policies"

@@ -16,6 +16,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from extproc.authz import AuthzOptions, start_authz_server
 from extproc.backends.calibration import CostLearning, TtftCalibration
 from extproc.backends.dns import DnsDiscovery, DnsResolver, system_nameserver
 from extproc.backends.hot_blocks import HotBlocks
@@ -140,6 +141,8 @@ class App:
         self.decider = LocalDecider(self._decider_deps(), settings.decider)
         self.router = Router(self.front.deps, self.decider, settings)
         self._server: RunningServer | None = None
+        self._authz: asyncio.Server | None = None
+        self.authz_port: int | None = None  # the bound ext_authz port once started, when listen.authz_port is set
         self.workers: FrontWorkers | None = None
         self._metrics_runner: web.AppRunner | None = None
         self.grpc_port = 0
@@ -228,6 +231,8 @@ class App:
         if listen.metrics_port is not None:
             await self._serve_metrics(listen.host, listen.metrics_port)
         await self._wait_first_scrape(timeout_s=2.0)
+        if listen.authz_port is not None:
+            await self._start_authz(listen.host, listen.authz_port)
         if self.workers is not None:
             await self.workers.start()
             self.grpc_port = self.workers.port
@@ -248,6 +253,14 @@ class App:
             self.router, host=listen.host, port=listen.grpc_port, options=processor_options(self.config), ready=False
         )
         self.grpc_port = self._server.port
+
+    async def _start_authz(self, host: str, port: int) -> None:
+        """Serve ext_authz checks from this process's router (after the first scrape: no readiness probe there)."""
+        if self.workers is not None:  # the fronts warm their own tokenizers; this router's serve authz
+            await warm_up(self.front, [m.name for m in self.config.models])
+        options = AuthzOptions.like(processor_options(self.config))
+        self._authz = await start_authz_server(self.router, host=host, port=port, options=options)
+        self.authz_port = int(self._authz.sockets[0].getsockname()[1])
 
     async def _wait_first_scrape(self, timeout_s: float) -> None:
         loop = asyncio.get_running_loop()
@@ -284,6 +297,9 @@ class App:
             await discovery.stop()
         if self._server:
             await self._server.stop(grace_s=1.0)
+        if self._authz is not None:
+            self._authz.close()
+            await self._authz.wait_closed()
         if self.workers is not None:
             await self.workers.stop()
         if self._metrics_runner:

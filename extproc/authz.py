@@ -32,6 +32,7 @@ from http import HTTPStatus
 from extproc import wire
 from extproc.errors import BodyTooLarge, RouterError
 from extproc.protocol import constants
+from extproc.protocol.exchange import ProcessorOptions
 from extproc.protocol.handler import RouteHandler
 from extproc.protocol.inbound import request_id_of
 from extproc.protocol.outbound import error_body
@@ -55,6 +56,11 @@ class BadRequest(ValueError):
 class AuthzOptions:
     max_body_bytes: int = constants.DEFAULT_MAX_BODY_BYTES
     route_timeout_s: float | None = None  # fail open (pass through) when the handler takes longer
+
+    @classmethod
+    def like(cls, processing: ProcessorOptions) -> AuthzOptions:
+        """The ext_proc servicer's limits (one config, both transports)."""
+        return cls(max_body_bytes=processing.max_body_bytes, route_timeout_s=processing.route_timeout_s)
 
 
 def request_of(head: bytes, body: bytes, received_at_s: float | None = None) -> HttpRequest:

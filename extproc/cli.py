@@ -41,7 +41,8 @@ def _serve(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         await app.start()
         print(
-            f"extproc: ready on {config.listen.host}:{app.grpc_port} (metrics :{app.metrics_port})",
+            f"extproc: ready on {config.listen.host}:{app.grpc_port} (metrics :{app.metrics_port})"
+            + ("" if app.authz_port is None else f" (authz :{app.authz_port})"),
             flush=True,
         )
         await stop.wait()

@@ -538,6 +538,13 @@ class ListenConfig(_Strict):
     host: str = Field("127.0.0.1", description="address the gRPC and metrics servers bind")
     grpc_port: int = Field(9002, ge=0, lt=65536, description="ext_proc gRPC port; 0 = any free port")
     metrics_port: int | None = Field(9090, ge=0, lt=65536, description="Prometheus; None = off")
+    authz_port: int | None = Field(
+        None,
+        ge=0,
+        lt=65536,
+        description="Envoy ext_authz (HTTP) port, the cheaper transport beside ext_proc (envoy/README.md); "
+        "None = off, 0 = any free port. Served by the main process, also with workers.fronts",
+    )
 
 
 class ProtocolConfig(_Strict):

@@ -23,6 +23,7 @@ from envoy_data_plane.envoy.config.route.v3 import (
     RouteMatch,
     VirtualHost,
 )
+from envoy_data_plane.envoy.extensions.filters.http.ext_authz.v3 import ExtAuthzPerRoute
 from envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 import ExtProcPerRoute
 from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import (
     HttpConnectionManager,
@@ -35,8 +36,8 @@ from envoy_data_plane.envoy.extensions.retry.host.previous_hosts.v3 import Previ
 
 from extproc.envoy import keys
 from extproc.envoy.clusters import CIRCUIT_LIMIT, clusters
-from extproc.envoy.filters import EXT_PROC_FILTER, access_logs, http_filters
-from extproc.envoy.options import EnvoyOptions
+from extproc.envoy.filters import access_logs, http_filters, picker_filter
+from extproc.envoy.options import EnvoyOptions, Transport
 from extproc.envoy.typed import address, pack, plain, seconds
 
 RETRY_ON = "connect-failure,refused-stream,reset-before-request"
@@ -98,11 +99,12 @@ def listener(opts: EnvoyOptions) -> Listener:
 
 def routes(opts: EnvoyOptions) -> list[Route]:
     """Bypass routes (no ext_proc, round-robin) first, then the catch-all LLM route."""
+    off = ExtAuthzPerRoute(disabled=True) if opts.transport is Transport.EXT_AUTHZ else ExtProcPerRoute(disabled=True)
     bypass = [
         Route(
             match=RouteMatch(prefix=prefix),
             route=route_action(opts),
-            typed_per_filter_config={EXT_PROC_FILTER: pack(ExtProcPerRoute(disabled=True))},
+            typed_per_filter_config={picker_filter(opts): pack(off)},
         )
         for prefix in opts.picker_bypass_prefixes
     ]

@@ -32,7 +32,7 @@ from envoy_data_plane.envoy.type.metadata.v3 import MetadataKey, MetadataKeyPath
 
 from extproc import wire
 from extproc.envoy import keys
-from extproc.envoy.options import ClusterMode, EnvoyOptions, OriginalDstSource, split_host_port
+from extproc.envoy.options import ClusterMode, EnvoyOptions, OriginalDstSource, Transport, split_host_port
 from extproc.envoy.typed import address, extension, is_ip, pack, seconds
 
 CONNECT_TIMEOUT_S = 1.0
@@ -53,8 +53,17 @@ def clusters(opts: EnvoyOptions) -> list[Cluster]:
 
 
 def picker_cluster(opts: EnvoyOptions) -> Cluster:
-    """The ext_proc picker: gRPC, so HTTP/2 via typed protocol options (the cluster field is deprecated)."""
+    """The ext_proc picker: gRPC, so HTTP/2 via typed protocol options (the cluster field is deprecated).
+    With transport ext_authz: plain HTTP/1.1 to the picker's authz port, without the gRPC health check."""
     kind = ClusterDiscoveryType.STATIC if is_ip(opts.picker_host) else ClusterDiscoveryType.STRICT_DNS
+    if opts.transport is Transport.EXT_AUTHZ:
+        return Cluster(
+            name=keys.PICKER_CLUSTER,
+            type=kind,
+            connect_timeout=seconds(CONNECT_TIMEOUT_S),
+            load_assignment=_assignment(keys.PICKER_CLUSTER, [f"{opts.picker_host}:{opts.picker_port}"]),
+            circuit_breakers=_raised_limits(),
+        )
     # One stream per connection: Envoy opens (and pools) a connection per concurrent ext_proc stream, and the
     # kernel spreads connections, not streams, over a picker's front workers (SO_REUSEPORT); with the default
     # (unlimited) every stream rode one connection to one front. Measured: no cost at c=1 or c=16 with one

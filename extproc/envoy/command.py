@@ -26,7 +26,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     """Register the ``envoy-config`` subcommand on ``sub``."""
     p = sub.add_parser("envoy-config", help="render the Envoy bootstrap (YAML) for our picker")
     p.add_argument("--endpoints", default="", help="model servers, comma-separated ip:port")
-    p.add_argument("--picker", default="127.0.0.1:9002", help="the ext_proc picker, host:port")
+    p.add_argument("--picker", default="127.0.0.1:9002", help="the picker, host:port (gRPC, or its authz port)")
+    p.add_argument(
+        "--transport",
+        choices=("ext_proc", "ext_authz"),
+        default="ext_proc",
+        help="how Envoy asks the picker: ext_proc (gRPC) or ext_authz (HTTP: its listen.authz_port)",
+    )
     p.add_argument("--listen", default="127.0.0.1:10000", help="listener ip:port")
     p.add_argument("--admin-port", type=int, default=9901, help="admin port (binds the listener's IP)")
     p.add_argument("--body-mode", choices=_BODY_MODES, default="buffered")
@@ -80,6 +86,7 @@ def options_from_args(args: argparse.Namespace) -> EnvoyOptions:
             admin_port=args.admin_port,
             picker_host=picker_host,
             picker_port=picker_port,
+            transport=args.transport,
             body_mode=args.body_mode,
             cluster_mode=args.cluster,
             original_dst_source=args.original_dst_source,

@@ -15,10 +15,17 @@ from envoy_data_plane.envoy.config.core.v3 import (
     GrpcServiceEnvoyGrpc,
     HeaderValue,
     HeaderValueOption,
+    HttpUri,
 )
 from envoy_data_plane.envoy.config.core.v3 import HeaderValueOptionHeaderAppendAction as Append
 from envoy_data_plane.envoy.config.core.v3 import SubstitutionFormatString as Format
 from envoy_data_plane.envoy.extensions.access_loggers.file.v3 import FileAccessLog
+from envoy_data_plane.envoy.extensions.filters.http.ext_authz.v3 import (
+    AuthorizationResponse,
+    BufferSettings,
+    ExtAuthz,
+    HttpService,
+)
 from envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 import (
     ExternalProcessor,
     MetadataOptions,
@@ -34,14 +41,16 @@ from envoy_data_plane.envoy.extensions.filters.http.router.v3 import Router
 from envoy_data_plane.envoy.extensions.filters.http.set_metadata.v3 import Config as SetMetadata
 from envoy_data_plane.envoy.extensions.filters.http.set_metadata.v3 import Metadata
 from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import HttpFilter
+from envoy_data_plane.envoy.type.matcher.v3 import ListStringMatcher, StringMatcher
 from envoy_data_plane.google.protobuf import Struct
 
 from extproc import wire
 from extproc.envoy import keys
-from extproc.envoy.options import BodyMode, EnvoyOptions
+from extproc.envoy.options import BodyMode, EnvoyOptions, Transport
 from extproc.envoy.typed import pack, seconds
 
 EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
+EXT_AUTHZ_FILTER = "envoy.filters.http.ext_authz"
 STRIP_FILTER = "envoy.filters.http.header_mutation"
 SUBSET_FILTER = "envoy.filters.http.set_metadata"
 ROUTER_FILTER = "envoy.filters.http.router"
@@ -53,6 +62,8 @@ ACCESS_LOG_FORMAT = (
 )
 """One line per request; ``tests/support/envoy.py`` parses it. Unset values render as ``-``."""
 
+SUMMARY_PREFIX = "x-router-"  # the decision's summary headers (wire.REASON_HEADER, ...), passed upstream by ext_authz
+
 # Envoy does not apply grpc_service.timeout as a deadline on the ext_proc stream (the probe saw an 8 s SSE
 # response under a 5 s timeout go through uncut); message_timeout is what bounds a slow picker.
 _GRPC_TIMEOUT_S = 5.0
@@ -63,9 +74,17 @@ def http_filters(opts: EnvoyOptions) -> list[HttpFilter]:
     chain = [HttpFilter(name=STRIP_FILTER, typed_config=pack(_strip_destination(opts)))]
     if opts.subset_hint is not None:
         chain.append(HttpFilter(name=SUBSET_FILTER, typed_config=pack(_subset_hint(opts.subset_hint))))
-    chain.append(HttpFilter(name=EXT_PROC_FILTER, typed_config=pack(ext_processor(opts))))
+    if opts.transport is Transport.EXT_AUTHZ:
+        chain.append(HttpFilter(name=EXT_AUTHZ_FILTER, typed_config=pack(ext_authorizer(opts))))
+    else:
+        chain.append(HttpFilter(name=EXT_PROC_FILTER, typed_config=pack(ext_processor(opts))))
     chain.append(HttpFilter(name=ROUTER_FILTER, typed_config=pack(Router())))
     return chain
+
+
+def picker_filter(opts: EnvoyOptions) -> str:
+    """The name of the filter that asks the picker (what a bypass route disables)."""
+    return EXT_AUTHZ_FILTER if opts.transport is Transport.EXT_AUTHZ else EXT_PROC_FILTER
 
 
 def _strip_destination(opts: EnvoyOptions) -> HeaderMutation:
@@ -108,6 +127,40 @@ def ext_processor(opts: EnvoyOptions) -> ExternalProcessor:
             forwarding_namespaces=Namespaces(untyped=_forwarded(opts)),
         ),
     )
+
+
+def ext_authorizer(opts: EnvoyOptions) -> ExtAuthz:
+    """The ext_authz filter: the picker gets the method, path, body and the headers it reads; Envoy adds the
+    pick and the summary headers of a 200 upstream, and returns any other answer (an OpenAI error) to the client."""
+    reads = [wire.REQUEST_ID_HEADER, "content-type", wire.TENANT_HEADER]
+    if opts.tenant_header and opts.tenant_header not in reads:
+        reads.append(opts.tenant_header)
+    service = HttpService(
+        server_uri=HttpUri(
+            uri=f"http://{opts.picker_host}:{opts.picker_port}",
+            cluster=keys.PICKER_CLUSTER,
+            timeout=seconds(opts.message_timeout_s),
+        ),
+        authorization_response=AuthorizationResponse(
+            allowed_upstream_headers=ListStringMatcher(
+                patterns=[
+                    *_exactly([wire.DESTINATION_HEADER, wire.PREFILLER_HEADER]).patterns,
+                    StringMatcher(prefix=SUMMARY_PREFIX),
+                ]
+            ),
+            allowed_client_headers=_exactly(["content-type"]),
+        ),
+    )
+    return ExtAuthz(
+        http_service=service,
+        allowed_headers=_exactly(reads),  # the filter's own field (AuthorizationRequest's is deprecated)
+        with_request_body=BufferSettings(max_request_bytes=opts.body_limit_bytes, allow_partial_message=False),
+        failure_mode_allow=opts.failure_mode_allow,
+    )
+
+
+def _exactly(names: list[str]) -> ListStringMatcher:
+    return ListStringMatcher(patterns=[StringMatcher(exact=name) for name in names])
 
 
 def _forwarded(opts: EnvoyOptions) -> list[str]:
