@@ -35,6 +35,17 @@ VARIANTS = {
         "picker_host": "extproc",
         "access_log_path": "",
     },
+    "ext_authz_bypass_tenant": {
+        "transport": "ext_authz",
+        "picker_bypass_prefixes": ("/health",),
+        "tenant_header": "x-tenant",
+    },
+    "ext_authz_original_dst_header": {
+        "transport": "ext_authz",
+        "cluster_mode": "original_dst",
+        "original_dst_source": "header",
+        "endpoints": (),
+    },
 }
 
 
@@ -205,6 +216,22 @@ def test_envoy_health_checks_the_pickers_readiness() -> None:
     assert check["grpc_health_check"]["service_name"] == wire.HEALTH_READINESS == "readiness"
 
 
+def test_ext_authz_replaces_ext_proc_and_passes_only_what_the_picker_reads_and_writes() -> None:
+    config = render_bootstrap(_opts(transport="ext_authz", tenant_header="x-tenant", picker_port=9003))
+    names = [f["name"] for f in _hcm(config)["http_filters"]]
+    assert names == ["envoy.filters.http.header_mutation", "envoy.filters.http.ext_authz", "envoy.filters.http.router"]
+    authz = _filter(config, "envoy.filters.http.ext_authz")
+    assert authz["http_service"]["server_uri"] == {"uri": "http://127.0.0.1:9003", "cluster": "extproc",
+                                                   "timeout": "2s"}  # fmt: skip
+    assert [p["exact"] for p in authz["allowed_headers"]["patterns"]] == [
+        wire.REQUEST_ID_HEADER, "content-type", wire.TENANT_HEADER, "x-tenant"]  # fmt: skip
+    upstream = authz["http_service"]["authorization_response"]["allowed_upstream_headers"]["patterns"]
+    assert upstream == [{"exact": wire.DESTINATION_HEADER}, {"exact": wire.PREFILLER_HEADER}, {"prefix": "x-router-"}]
+    assert authz["with_request_body"]["max_request_bytes"] == 32 * 1024 * 1024 and authz["failure_mode_allow"]
+    picker = _cluster(config, "extproc")
+    assert "typed_extension_protocol_options" not in picker and "health_checks" not in picker  # HTTP/1.1
+
+
 def test_yaml_round_trips() -> None:
     config = render_bootstrap(_opts())
     assert yaml.safe_load(to_yaml(config)) == config
@@ -223,10 +250,16 @@ def test_yaml_round_trips() -> None:
         {"cluster_mode": "original_dst", "picker_bypass_prefixes": ("/health",)},
         {"picker_bypass_prefixes": ("health",)},
         {"unknown_knob": 1},
+        {"transport": "ext_authz", "body_mode": "full_duplex_streamed"},
+        {"transport": "ext_authz", "cluster_mode": "original_dst", "endpoints": ()},
+        {"transport": "ext_authz", "send_response_headers": True},
+        {"transport": "ext_authz", "subset_hint": ("127.0.0.1:8002",)},
+        {"transport": "grpc"},
     ],
     ids=[
         "no-endpoints", "port-0", "hostname-endpoint", "duplicate", "bad-listen-port", "zero-timeout",
         "bad-subset", "bypass-with-original-dst", "bypass-without-slash", "unknown-field",
+        "authz-duplex", "authz-metadata-dst", "authz-response-path", "authz-subset", "unknown-transport",
     ],
 )  # fmt: skip
 def test_invalid_options_are_rejected(overrides: dict[str, Any]) -> None:
