@@ -117,8 +117,9 @@ async def test_a_dead_picker_fails_open_and_a_bypass_route_never_asks(
     assert dead.wait_for_access_log(1)[0].dest == ""
 
 
-async def test_the_real_picker_routes_over_ext_authz(gie_stack: GieStackFactory) -> None:
-    stack = gie_stack({"transport": "ext_authz"}, {}, backends=2)
+@pytest.mark.parametrize("fronts", [0, 1], ids=["one-process", "with-a-front-worker"])
+async def test_the_real_picker_routes_over_ext_authz(gie_stack: GieStackFactory, fronts: int) -> None:
+    stack = gie_stack({"transport": "ext_authz"}, {"workers": {"fronts": fronts}}, backends=2)
     body = json.dumps({"model": "Qwen/Qwen3-0.6B", "messages": [{"role": "user", "content": "hello " * 40}],
                        "max_tokens": 1}).encode()  # fmt: skip
     async with aiohttp.ClientSession() as session:
