@@ -256,7 +256,7 @@ class App:
 
     async def _start_authz(self, host: str, port: int) -> None:
         """Serve ext_authz checks from this process's router (after the first scrape: no readiness probe there)."""
-        if self.workers is not None:  # the fronts warm their own tokenizers; this router's serve authz
+        if self.workers is not None:  # the fronts warm their own tokenizers; this process's router serves authz
             await warm_up(self.front, [m.name for m in self.config.models])
         options = AuthzOptions.like(processor_options(self.config))
         self._authz = await start_authz_server(self.router, host=host, port=port, options=options)

@@ -7,7 +7,7 @@ and 0.2 ms (``bench/results/hotpath/extproc-floor.md``).
 
 What Envoy sends (checked with Envoy 1.40, ``with_request_body``): one HTTP/1.1 request per check, with the
 original method and path (query included), ``host``, ``content-length``, Envoy's ``x-request-id``, the headers
-``authorization_request.allowed_headers`` names, and the whole body. Our answer:
+the filter's ``allowed_headers`` names, and the whole body. Our answer:
 
 - ``Route``: ``200`` with ``x-gateway-destination-endpoint: ip:port,...`` and the route's summary headers (Envoy
   adds those that ``authorization_response.allowed_upstream_headers`` names; override_host reads the
