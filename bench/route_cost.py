@@ -11,9 +11,10 @@ endpoints answer nothing (no scrapes, no KV events), so the approximate index le
 Shapes (the bodies of ``bench.picker_latency``):
 - ``1K new question`` / ``32K new question``: the same document, a new question at the end of the same user
   message (what the hash and segment caches can reuse);
-- ``agent step``: an agent context grown by ~500 tokens per step, measured over its steps near ``--agent-tokens``.
+- ``agent step``: an agent context grown by one step (~700 tokens) at a time, measured over its steps near
+  ``--agent-tokens``.
 
-Columns: requests measured, their prompt tokens, the process CPU per request (p50, p90: every thread, so
+Columns: requests measured and routed, the process CPU per request (p50, p90: every thread, so
 executor work counts) and the wall time per request (p50), then the mean of each phase the picker itself
 reports (``router_pick_phase_seconds``: parse, tokenize = render + encode, hash, lookup, score). Sampled HF
 re-checks are off (``verify_fraction`` 0): their cost is bounded apart (``tokenizer.verify_cpu_share``).
@@ -24,17 +25,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import sys
-import tempfile
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from bench.picker_latency import MODEL, agent_messages, filler, messages
-from bench.stack_config import picker_config
-from extproc import wire
+from bench.picker_latency import agent_messages, filler, messages, pct
+from bench.stack_config import MODEL, picker_config
 from extproc.app import App
 from extproc.config import RouterConfig
 from extproc.types import HttpRequest, Route
@@ -51,7 +47,6 @@ class Shape:
     bodies: list[bytes]
     cpu_ms: list[float] = field(default_factory=list)
     wall_ms: list[float] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
     phase_ms: dict[str, float] = field(default_factory=dict)  # mean per request
     routed: int = 0  # answered with a Route (the rest passed through)
 
@@ -107,15 +102,9 @@ async def measure(app: App, shape: Shape, warm: int) -> None:
         shape.wall_ms.append((time.perf_counter() - wall0) * 1000)
         if isinstance(route, Route):
             shape.routed += 1
-            shape.tokens.append(int(route.headers.get(wire.PROMPT_TOKENS_HEADER, 0) or 0))
     n = max(len(shape.cpu_ms), 1)
     after = phase_sums(app)
     shape.phase_ms = {p: (after.get(p, 0.0) - before.get(p, 0.0)) * 1000 / n for p in PHASES}
-
-
-def pct(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(int(q * len(ordered)), len(ordered) - 1)] if ordered else float("nan")
 
 
 def print_table(results: list[Shape]) -> None:
@@ -129,14 +118,14 @@ def print_table(results: list[Shape]) -> None:
 
 
 async def run(requests: int, agent_tokens: int, warm: int) -> list[Shape]:
-    app = App(config(), base_dir=Path(tempfile.gettempdir()))
+    app = App(config())
     failed = await app.preparer.warm_up()
     if failed:
         raise SystemExit(f"tokenizer failed to load: {failed}")
     results = shapes(requests, warm, agent_tokens)
     for shape in results:
         await measure(app, shape, warm)
-        print(f"  {shape.name}: {len(shape.cpu_ms)} requests, CPU p50 {statistics.median(shape.cpu_ms):.3f} ms",
+        print(f"  {shape.name}: {len(shape.cpu_ms)} requests, CPU p50 {pct(shape.cpu_ms, 0.5):.3f} ms",
               flush=True)  # fmt: skip
     await app.router.drain()
     return results
