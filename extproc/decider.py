@@ -16,7 +16,7 @@ import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -229,6 +229,7 @@ class LocalDecider:
             matches, shared = await self._lookup(hashes, ids, precise), await self._shared_read(ids)
         timer.mark("lookup")
 
+        self._observe_ttft(states[e.id] for e in endpoints)
         candidates: list[Candidate] = []  # the last decision's, for the calibration
 
         def decide(view: SharedQueues | None) -> Decided:
@@ -374,15 +375,22 @@ class LocalDecider:
             hot = self._deps.hot_blocks.hot(eid)
             if 0 < cached_blocks <= len(hashes):
                 hits = self._deps.hot_blocks.hits(eid, hashes[cached_blocks - 1])
-        cost = None
-        if self._deps.calibration is not None:
-            if record.metrics is not None:
-                self._deps.calibration.observe(eid, record.metrics.ttft)
-            cost = self._deps.calibration.cost(eid)
+        cost = self._deps.calibration.cost(eid) if self._deps.calibration is not None else None
         return Candidate(
             record.endpoint, load, cached_blocks, precise=precise, shares=shares, hot_blocks=hot, cost=cost,
             prefix_hits=hits,
         )  # fmt: skip
+
+    def _observe_ttft(self, records: Iterable[EndpointRecord]) -> None:
+        """Every candidate's latest scraped TTFT totals reach the calibration before any cost is read, so one
+        decision prices every candidate with the same learned state (observed one by one between the reads, an
+        interval closing mid-decision priced the endpoints before it by the old model, the rest by the new)."""
+        calibration = self._deps.calibration
+        if calibration is None:
+            return
+        for record in records:
+            if record.metrics is not None:
+                calibration.observe(record.endpoint.id, record.metrics.ttft)
 
     def _predicted(self, routing: RoutingRequest, candidates: Sequence[Candidate], decision: Decision) -> None:
         """The pick's predicted TTFT and the estimate's terms behind it, for the calibration to check and learn."""

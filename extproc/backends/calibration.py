@@ -33,6 +33,12 @@ _RATIO_WEIGHT = 0.1  # each interval's share of the running actual / predicted r
 _RMS_WEIGHT = 0.05  # each interval's share of a feature's running mean square
 _FEATURES = 4  # (1, work, work x running, queue): ``scheduling.estimate.CostTerms.features``
 _FLOOR = 1e-12
+# A feature's running mean square never drops below this (10 ms squared; the constant feature is 1 anyway). The
+# step normalizes each feature by its RMS, so without a floor the first interval of a short prompt (an 11-token
+# request: work 1 ms) scales that feature up to 1 and moves the prefill weight by error / work: one "hi" put the
+# prefill rate at its 4x bound and every long prompt after it was priced 4x (a P/D split read it as saturation).
+# Terms this small are below one engine step and cannot be told from the fixed cost, which then learns the error.
+_MEAN_SQUARE_FLOOR = 0.01**2
 
 
 class ErrorSink(Protocol):
@@ -150,14 +156,14 @@ class TtftCalibration:
         f = [x / ep.routed for x in ep.features]
         target = actual_s - ep.fixed_s / ep.routed
         w = ep.weights if ep.weights is not None else _as_weights(self._learning.prior)
-        ms = ep.mean_square if ep.mean_square is not None else [max(x * x, _FLOOR) for x in f]
-        ms = [m + _RMS_WEIGHT * (x * x - m) for m, x in zip(ms, f, strict=True)]
+        ms = ep.mean_square if ep.mean_square is not None else [max(x * x, _MEAN_SQUARE_FLOOR) for x in f]
+        ms = [max(m + _RMS_WEIGHT * (x * x - m), _MEAN_SQUARE_FLOOR) for m, x in zip(ms, f, strict=True)]
         guess = sum(wi * fi for wi, fi in zip(w, f, strict=True))
         bound = 0.5 * (abs(target) + abs(guess))
         error = min(max(target - guess, -bound), bound)
-        norm = sum(x * x / max(m, _FLOOR) for x, m in zip(f, ms, strict=True)) + _FLOOR
+        norm = sum(x * x / m for x, m in zip(f, ms, strict=True)) + _FLOOR
         step = self._learning.learning_rate * error / norm
-        w = [wi + step * fi / max(m, _FLOOR) for wi, fi, m in zip(w, f, ms, strict=True)]
+        w = [wi + step * fi / m for wi, fi, m in zip(w, f, ms, strict=True)]
         ep.weights, ep.mean_square = self._clamped(w), ms
         cost = _as_cost(ep.weights)
         self._sink.learned(endpoint, cost, self._learning.prefill_tokens_per_s / cost.prefill_scale)

@@ -131,10 +131,17 @@ def _prompt_tokens(backend: str) -> float:
     return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith("vllm:prompt_tokens_total"))
 
 
-async def _short_then_long(url: str, prefill: list[str]) -> tuple[int, int]:
+def _decision_lines(picker_log: Path | None) -> str:
+    """The picker's decision lines (``pd`` says why a request was or was not split), for a failure's message."""
+    if picker_log is None or not picker_log.exists():
+        return "(no picker log)"
+    return "\n".join(x for x in picker_log.read_text(errors="replace").splitlines() if '"request_id"' in x)
+
+
+async def _short_then_long(url: str, prefill: list[str], picker_log: Path | None = None) -> tuple[int, int]:
     """A short request with forged prefill headers (both spellings), then a long one; (short's status, the long
     one's prompt tokens). Asserts the short one ran on the decode pod alone and the long one was prefilled on a
-    prefill pod."""
+    prefill pod; a failure quotes the picker's decision lines from ``picker_log``."""
     forged = {wire.PREFILLER_HEADER: prefill[0], wire.LEGACY_PREFILLER_HEADER: f"http://{prefill[0]}"}
     async with aiohttp.ClientSession() as session:
         status, _ = await chat(session, url, SHORT, headers=forged)
@@ -142,7 +149,10 @@ async def _short_then_long(url: str, prefill: list[str]) -> tuple[int, int]:
         long_status, answer = await chat(session, url, LONG, max_tokens=8)
     assert long_status == 200, answer
     prompt = int(answer["usage"]["prompt_tokens"])
-    assert sum(_prompt_tokens(p) for p in prefill) == prompt, "one prefill pod ran the prefill leg"
+    prefilled = sum(_prompt_tokens(p) for p in prefill)
+    assert prefilled == prompt, (
+        f"one prefill pod ran the prefill leg; the picker decided:\n{_decision_lines(picker_log)}"
+    )
     return status, prompt
 
 
@@ -244,7 +254,7 @@ def pd_cluster(tmp_path: Path) -> Iterator[dict[str, Any]]:
         envoy = EnvoyProcess(opts, tmp_path / "envoy", config=boot)
         started.callback(envoy.stop)
         envoy.start()
-        yield {"envoy": envoy, "decode": decode, "prefill": prefill, "metrics": metrics}
+        yield {"envoy": envoy, "decode": decode, "prefill": prefill, "metrics": metrics, "log": picker.log_path}
 
 
 def _healthy(metrics_port: int) -> int:
@@ -260,7 +270,8 @@ async def test_k8s_pd_shape_disaggregates_through_envoy_over_the_role_services(p
     envoy, decode, prefill = pd_cluster["envoy"], pd_cluster["decode"], pd_cluster["prefill"]
     decode_pods = {f"127.0.0.{n}:{decode.port}" for n in (1, 2)}
     await until(lambda: _healthy(pd_cluster["metrics"]) == 3, what="the picker to find both pools", timeout_s=60.0)
-    status, _ = await _short_then_long(envoy.url("/v1/chat/completions"), [f"127.0.0.3:{prefill.port}"])
+    prefill_pods = [f"127.0.0.3:{prefill.port}"]
+    status, _ = await _short_then_long(envoy.url("/v1/chat/completions"), prefill_pods, pd_cluster["log"])
     assert status == 200
     log = envoy.wait_for_access_log(2)
     assert {e.upstream for e in log} <= decode_pods, f"Envoy only ever sends to a decode pod: {log}"

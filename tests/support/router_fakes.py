@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
+from extproc.backends.calibration import TtftCalibration
 from extproc.backends.inflight import InflightLoad
 from extproc.backends.registry import EndpointRegistry
 from extproc.backends.vllm_metrics import EngineMetrics
@@ -24,7 +25,7 @@ from extproc.observability import RouterMetrics
 from extproc.prompt.openai import kind_for_path
 from extproc.redis.shared_load import SharedQueue
 from extproc.router import FrontDeps, Router, RouterSettings
-from extproc.scheduling.build import build_profile
+from extproc.scheduling.build import build_profile, estimator_params
 from extproc.scheduling.pd import PdPolicy
 from extproc.types import (
     BlockHash,
@@ -116,8 +117,10 @@ def make_router(
     occupancy: Occupancy | None = None,
     tenant_for: Callable[[str], Tenant] = Tenant,
     shared_load: SharedQueue | None = None,
+    calibration: TtftCalibration | None = None,
 ) -> tuple[Router, DictIndex, InflightLoad]:
-    """``shared_load``: the load shared with other replicas (lookups then wait on I/O, as with Redis)."""
+    """``shared_load``: the load shared with other replicas (lookups then wait on I/O, as with Redis);
+    ``calibration``: learn each endpoint's cost from its scraped TTFT (with the profile's estimator)."""
     registry = registry or EndpointRegistry([Endpoint(A), Endpoint(B)])
     for eid in registry.snapshot():
         registry.scraped(eid, EngineMetrics(running=0, waiting=0, kv_usage=0.1, models=frozenset({"m"})))
@@ -131,6 +134,7 @@ def make_router(
         metrics=metrics,
         executor=ThreadPoolExecutor(1),
     )
+    scheduling = SchedulingConfig(prefill_tokens_per_s=10000.0)
     decider = DeciderDeps(
         scheme_for=lambda m: HashScheme(),
         tenant_for=tenant_for,
@@ -139,12 +143,14 @@ def make_router(
         precise=precise or DictIndex(),
         approx=approx,
         precise_endpoints=precise_endpoints,
-        profile=build_profile(SchedulingConfig(prefill_tokens_per_s=10000.0)),
+        profile=build_profile(scheduling),
         metrics=metrics,
         pd=pd,
         occupancy=occupancy,
         shared_load=shared_load,
         lookups_wait_on_io=shared_load is not None,
+        calibration=calibration,
+        estimator=estimator_params(scheduling) if calibration is not None else None,
     )
     settings = settings or RouterSettings()
     local = LocalDecider(decider, settings.decider, rng=random.Random(0))

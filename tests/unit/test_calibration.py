@@ -169,3 +169,16 @@ def test_learning_off_never_teaches() -> None:
     cal = TtftCalibration(Sink(), learning(enabled=False))
     _drive(cal, TRUE, 50)
     assert cal.cost(A) is None
+
+
+def test_one_short_prompt_teaches_the_fixed_cost_not_the_prefill_rate() -> None:
+    """An 11-token request (work 1.1 ms) that took 50 ms: its error is the fixed cost's; before the mean-square
+    floor that one interval put the prefill scale at its 4x bound, and the next long prompt was priced 4x."""
+    cal = TtftCalibration(Sink(), learning())
+    cal.observe(A, PhaseTotals(0.0, 0))
+    terms = CostTerms(work_s=11 / 10_000, running=0, queue_s=0.0, fixed_s=0.0)
+    cal.predicted(A, ttft_s(terms, PRIOR), terms.features(), 0.0)
+    cal.observe(A, PhaseTotals(0.05, 1))
+    cost = cal.cost(A)
+    assert cost is not None and cost.base_s > 0
+    assert 0.9 < cost.prefill_scale < 1.1, cost

@@ -1,15 +1,22 @@
 """Table tests for prefill/decode disaggregation (``extproc.scheduling.pd``) and the header the decider writes."""
 
+import json
+import logging
 import random
 from dataclasses import replace
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from extproc import wire
-from extproc.app import App
+from extproc.app import App, cost_learning
+from extproc.backends.calibration import TtftCalibration
 from extproc.backends.registry import EndpointRegistry
+from extproc.backends.vllm_metrics import EngineMetrics, PhaseTotals
 from extproc.config import EndpointConfig, SchedulingConfig
+from extproc.observability import RouterMetrics
 from extproc.scheduling.build import build_pd, build_profile
+from extproc.scheduling.estimate import CostTerms, ttft_s
 from extproc.scheduling.pd import PdPolicy, PdReason, decide, split_roles
 from extproc.types import BlockHash, Candidate, Endpoint, EndpointId, LoadSnapshot, Role, Route, RoutingRequest
 from tests.support.config import router_config
@@ -152,3 +159,37 @@ async def test_each_discovery_pool_gives_its_endpoints_its_role() -> None:
         await app.lifecycle.stop()  # the gone endpoint's cleanups
     finally:
         app.front.shutdown()
+
+
+async def test_a_short_request_learned_mid_decision_does_not_read_as_a_saturated_prefill_pool(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The CI flake of tests/deploy/test_pd_shapes.py, pinned: an 11-token request served on D2 closes D2's first
+    TTFT interval just before a long prompt. That one interval used to move D2's prefill scale to its 4x bound,
+    and since the intervals closed while the candidates were priced, D1 (before D2) kept the configured model
+    while D2 and the prefill pod (after it, untaught: the fleet's mean) were priced 4x, so the split read as
+    saturated. Now every candidate is priced by one learned state, and a short prompt teaches the fixed cost."""
+    registry = EndpointRegistry([Endpoint(D1, role=Role.DECODE), Endpoint(D2, role=Role.DECODE),
+                                 Endpoint(P1, role=Role.PREFILL)])  # fmt: skip
+    calibration = TtftCalibration(RouterMetrics(CollectorRegistry()), cost_learning(SchedulingConfig()))
+    tokens = list(range(11))
+    router, _, _ = make_router(tokens, registry=registry, pd=POLICY, calibration=calibration)
+
+    def scrape(eid: EndpointId, ttft: PhaseTotals) -> None:
+        registry.scraped(eid, EngineMetrics(running=0, waiting=0, kv_usage=0.1, models=frozenset({"m"}), ttft=ttft))
+
+    for eid in (D1, D2, P1):
+        scrape(eid, PhaseTotals(0.0, 0))
+    short = await router.route(post())
+    assert isinstance(short, Route) and wire.PREFILLER_HEADER not in short.headers
+    scrape(short.endpoints[0], PhaseTotals(0.05, 1))  # it took 50 ms: the engine's fixed cost, mostly
+    tokens[:] = range(4898)
+    with caplog.at_level(logging.INFO, logger="extproc.decision"):
+        long = await router.route(post())
+    assert isinstance(long, Route) and long.headers.get(wire.PREFILLER_HEADER) == P1
+    line = json.loads(caplog.records[-1].getMessage())
+    assert line["pd"]["reason"] == "disagg"
+    learned = calibration.cost(D1)
+    assert learned is not None and learned == calibration.cost(D2) == calibration.cost(P1)
+    terms = CostTerms(work_s=4898 / 10000.0, running=0, queue_s=0.0, fixed_s=0.0)
+    assert line["estimates_s"][D1] == round(ttft_s(terms, learned), 4), "D1 priced by the model D2 just learned"
