@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="vllm-ttft-") as tmp:
         workdir = Path(tmp)
         engine_port, sim_port = free_ports(2)
-        spec = EngineSpec(port=engine_port, core=0, max_model_len=MAX_MODEL_LEN)
+        spec = EngineSpec(port=engine_port, core=0, max_model_len=MAX_MODEL_LEN, eager=False)  # timed: compiled
         engine = start_engines([spec], python, build_model_dir(workdir / "model"), workdir)[0]
         sim = None
         try:

@@ -141,7 +141,7 @@ def cpu_engine_specs(fleet: Fleet, ports: list[int], hash_seed: str, stream_inte
         EngineSpec(port=ports[i], core=i % (os.cpu_count() or 1), block_size=fleet.block_size, hash_algo="sha256",
                    hash_seed=hash_seed, num_gpu_blocks=fleet.num_gpu_blocks, max_model_len=fleet.usable_model_len,
                    kv_events={"endpoint": f"tcp://*:{ports[n + i]}", "replay_endpoint": f"tcp://*:{ports[2 * n + i]}"},
-                   extra=("--stream-interval", str(stream_interval)))
+                   extra=("--stream-interval", str(stream_interval)), eager=False)  # timed: vLLM's compiled default
         for i in range(n)
     ]  # fmt: skip
 

@@ -31,3 +31,9 @@ def test_kv_events_block_size_and_env() -> None:
     env = engine_env(spec, {"PYTHONHASHSEED": "7", "HOME": "/h"})
     assert env["PYTHONHASHSEED"] == "0" and env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["HF_HUB_OFFLINE"] == "1"
+
+
+def test_eager_by_default_and_compiled_for_the_timed_benchmarks() -> None:
+    """Correctness tiers start without torch.compile (half the start-up); a benchmark timing the engine opts out."""
+    assert "--enforce-eager" in engine_argv(EngineSpec(port=1), Path("/p"), Path("/m"))
+    assert "--enforce-eager" not in engine_argv(EngineSpec(port=1, eager=False), Path("/p"), Path("/m"))
