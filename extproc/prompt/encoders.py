@@ -4,7 +4,9 @@ vLLM tokenizes with the HF tokenizer ``transformers`` loads; that stays our refe
 faster encoder (``fastokens``: Rust, the same ``tokenizer.json``) is used only once it is shown equal:
 
 - ``FastEncoder.from_hf`` builds it from the HF backend's own serialization (``backend.to_str()``), so it sees
-  the normalizer, pre-tokenizer, model and added vocabulary exactly as ``transformers`` configured them;
+  the normalizer, pre-tokenizer, model and added vocabulary exactly as ``transformers`` configured them (a
+  ``NativeHeadStart`` may have loaded the folder's ``tokenizer.json`` meanwhile: it is used only when everything
+  in it that decides the ids equals that serialization, ``encoding_spec``);
 - ``self_check`` compares both on a corpus (``check_corpus``: adversarial text and every added token) at load;
   a tokenizer that differs once runs on HF;
 - ``shadow.ShadowCheck`` re-encodes a sampled fraction of live requests with HF on a background thread, off the hot
@@ -17,11 +19,14 @@ Python object), HF a ``list``. Either is a ``Sequence[int]`` of plain ints, whic
 
 from __future__ import annotations
 
+import json
 import logging
 import random
+import threading
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from extproc.prompt.shadow import ShadowCheck
@@ -32,9 +37,11 @@ __all__ = [
     "EncoderChoice",
     "FastEncoder",
     "HfEncoder",
+    "NativeHeadStart",
     "TextEncoder",
     "TokenIds",
     "check_corpus",
+    "encoding_spec",
     "self_check",
 ]
 
@@ -86,8 +93,11 @@ class FastEncoder:
         self._native = native
 
     @classmethod
-    def from_hf(cls, hf_tokenizer: Any, *, segment_cache_bytes: int = 0) -> FastEncoder | None:
-        """The fast encoder for ``hf_tokenizer``, or None (fastokens missing, no Rust backend, unloadable)."""
+    def from_hf(
+        cls, hf_tokenizer: Any, *, segment_cache_bytes: int = 0, head_start: NativeHeadStart | None = None
+    ) -> FastEncoder | None:
+        """The fast encoder for ``hf_tokenizer``, or None (fastokens missing, no Rust backend, unloadable).
+        ``head_start``: the same folder's tokenizer.json loaded meanwhile, taken only if it encodes the same."""
         backend = getattr(hf_tokenizer, "_tokenizer", None)
         if backend is None or not hasattr(backend, "to_str"):
             return None  # a slow (pure Python) tokenizer: nothing to translate
@@ -96,7 +106,10 @@ class FastEncoder:
         except ImportError:
             return None
         try:
-            native = fastokens.Tokenizer.from_json_str(backend.to_str())
+            serialized = backend.to_str()
+            native = head_start.take(serialized) if head_start is not None else None
+            if native is None:
+                native = fastokens.Tokenizer.from_json_str(serialized)
             native.no_truncation()
             native.no_padding()
             if segment_cache_bytes > 0:
@@ -122,6 +135,70 @@ class FastEncoder:
         """The segment cache's counters (hits, misses, hit_bytes, miss_bytes, entries, bytes, max_bytes)."""
         stats: dict[str, int] | None = self._native.segment_cache_stats()
         return stats
+
+
+def encoding_spec(serialized: str) -> Any:
+    """What in a serialized ``tokenizers`` tokenizer decides the ids of an encoding: all of it but the decoder,
+    the padding and truncation (the fast encoder turns both off) and ``trim_offsets`` (offsets only), which are
+    what ``transformers`` rewrites at load (Qwen3: ByteLevel's ``trim_offsets`` and the decoder)."""
+    spec = json.loads(serialized)
+    for key in ("decoder", "padding", "truncation"):
+        spec.pop(key, None)
+    for key in ("pre_tokenizer", "post_processor"):  # where ``trim_offsets`` lives (ByteLevel, RobertaProcessing)
+        if spec.get(key) is not None:
+            spec[key] = _without_trim_offsets(spec[key])
+    return spec
+
+
+def _without_trim_offsets(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _without_trim_offsets(v) for k, v in node.items() if k != "trim_offsets"}
+    if isinstance(node, list):
+        return [_without_trim_offsets(v) for v in node]
+    return node
+
+
+class NativeHeadStart:
+    """A fastokens tokenizer loading a folder's ``tokenizer.json`` on its own thread while ``transformers``
+    loads the folder: the Rust load releases the GIL, so its ~1.8 s (Qwen3, 2 cores) overlaps the
+    ``transformers`` import instead of following it. ``take`` hands it over only when ``encoding_spec`` of the file
+    equals that of the HF backend's serialization; otherwise (or if the load failed) None, and the fast encoder
+    is built from the HF serialization as without a head start."""
+
+    def __init__(self, tokenizer_json: Path) -> None:
+        self._path = tokenizer_json
+        self._native: Any = None
+        self._spec: Any = None
+        self._thread = threading.Thread(target=self._load, name="fastokens-head-start", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def for_folder(cls, folder: Path) -> NativeHeadStart | None:
+        """A head start on ``folder/tokenizer.json``, or None when there is none (or fastokens is missing)."""
+        path = folder / "tokenizer.json"
+        try:
+            import fastokens  # noqa: F401
+        except ImportError:
+            return None
+        return cls(path) if path.is_file() else None
+
+    def _load(self) -> None:
+        try:
+            import fastokens
+
+            text = self._path.read_text(encoding="utf-8")
+            native = fastokens.Tokenizer.from_json_str(text)
+            self._spec, self._native = encoding_spec(text), native
+        except Exception as exc:  # unreadable, or a feature fastokens lacks: from_hf decides without us
+            log.debug("fastokens head start on %s failed: %s", self._path, exc)
+
+    def take(self, serialized: str) -> Any:
+        """The loaded tokenizer if it encodes as ``serialized`` describes, else None (waits for the load)."""
+        self._thread.join()
+        if self._native is None or self._spec != encoding_spec(serialized):
+            return None
+        native, self._native = self._native, None  # handed over once
+        return native
 
 
 def check_corpus(added_tokens: Iterable[str], *, seed: int = 0, count: int = 400) -> list[str]:

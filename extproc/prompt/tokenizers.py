@@ -27,6 +27,7 @@ from extproc.prompt.encoders import (
     EncoderChoice,
     FastEncoder,
     HfEncoder,
+    NativeHeadStart,
     TextEncoder,
     TokenIds,
     check_corpus,
@@ -68,8 +69,9 @@ class EncoderSettings:
     fast_templates: bool = True  # render chat templates with templates.FastTemplate where it passes its self-check
     segment_cache_bytes: int = 64 << 20  # the fast encoder's segment cache; 0 = off
     shadow: ShadowCheck | None = None  # sampled live comparison with HF (encodings and renders)
-    make_fast: Callable[[Any, int], TextEncoder | None] = lambda tokenizer, cache_bytes: FastEncoder.from_hf(
-        tokenizer, segment_cache_bytes=cache_bytes
+    head_start: Callable[[Path], NativeHeadStart | None] = NativeHeadStart.for_folder  # begun before the HF load
+    make_fast: Callable[[Any, int, NativeHeadStart | None], TextEncoder | None] = lambda tokenizer, cache_bytes, head: (
+        FastEncoder.from_hf(tokenizer, segment_cache_bytes=cache_bytes, head_start=head)
     )  # the fast encoder for a loaded HF tokenizer, or None (a seam for tests)
 
 
@@ -168,6 +170,7 @@ class TokenizerRegistry:
 
     def _load(self, model: BaseModel) -> LoadedTokenizer | _Failure:
         folder = model.tokenizer_dir or model_dir(self._root, model.name)
+        head = self._encoders.head_start(folder) if self._encoders.fast else None
         try:
             tokenizer = self._loader(folder)
             info = TemplateInfo.of(tokenizer.chat_template, model.content_format, model.default_chat_template_kwargs)
@@ -176,15 +179,15 @@ class TokenizerRegistry:
         renderer = TemplateChoice.of(
             model.name, tokenizer, fast=self._encoders.fast_templates, shadow=self._encoders.shadow
         )
-        return LoadedTokenizer(tokenizer, info, self._choose_encoder(model.name, tokenizer), renderer)
+        return LoadedTokenizer(tokenizer, info, self._choose_encoder(model.name, tokenizer, head), renderer)
 
-    def _choose_encoder(self, name: str, tokenizer: ChatTokenizer) -> EncoderChoice:
+    def _choose_encoder(self, name: str, tokenizer: ChatTokenizer, head: NativeHeadStart | None) -> EncoderChoice:
         """HF, or the fast encoder once it equals HF on ``check_corpus`` (a failed check is logged)."""
         reference = HfEncoder(tokenizer)
         choice = EncoderChoice(name, reference, shadow=self._encoders.shadow)
         if not self._encoders.fast:
             return choice
-        fast = self._encoders.make_fast(tokenizer, self._encoders.segment_cache_bytes)
+        fast = self._encoders.make_fast(tokenizer, self._encoders.segment_cache_bytes, head)
         if fast is None:
             return choice
         added = [str(getattr(t, "content", t)) for t in getattr(tokenizer, "added_tokens_decoder", {}).values()]

@@ -32,7 +32,16 @@ from hypothesis import strategies as st
 
 from bench.stack_config import REPO
 from extproc.prompt import tokenizer_cache as tc
-from extproc.prompt.encoders import ENCODER_FAST, ENCODER_HF, EncoderChoice, FastEncoder, HfEncoder
+from extproc.prompt.encoders import (
+    ENCODER_FAST,
+    ENCODER_HF,
+    EncoderChoice,
+    FastEncoder,
+    HfEncoder,
+    NativeHeadStart,
+    check_corpus,
+    encoding_spec,
+)
 from extproc.prompt.models import BaseModel
 from extproc.prompt.tokenizers import EncoderSettings, TokenizerRegistry, load_hf_tokenizer
 
@@ -401,3 +410,52 @@ def test_metaspace_runs_on_hf(families: Families) -> None:
     assert FastEncoder.from_hf(tokenizer) is None
     encoder = TokenizerRegistry(CACHE).get(BaseModel(SPM_MODEL, tokenizer_dir=folder)).encoder
     assert encoder.name == ENCODER_HF
+
+
+# -- the head start: fastokens loading tokenizer.json while transformers loads the folder ------------------------
+def test_encoding_spec_ignores_what_transformers_rewrites_and_nothing_that_decides_ids() -> None:
+    base = {"model": {"type": "BPE", "vocab": {"a": 0}}, "decoder": {"type": "ByteLevel"},
+            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "ByteLevel", "trim_offsets": False}]}}  # fmt: skip
+    rewritten = json.loads(json.dumps(base))
+    rewritten["decoder"] = {"type": "ByteLevel", "add_prefix_space": True}
+    rewritten["pre_tokenizer"]["pretokenizers"][0]["trim_offsets"] = True
+    assert encoding_spec(json.dumps(base)) == encoding_spec(json.dumps(rewritten))
+    other = json.loads(json.dumps(base))
+    other["pre_tokenizer"]["pretokenizers"][0]["add_prefix_space"] = True
+    assert encoding_spec(json.dumps(base)) != encoding_spec(json.dumps(other))
+    other = json.loads(json.dumps(base))
+    other["model"]["vocab"] = {"a": 1}
+    assert encoding_spec(json.dumps(base)) != encoding_spec(json.dumps(other))
+
+
+def _tiny_tokenizer_json(vocab: dict[str, int]) -> str:
+    """A small byte-level BPE as ``tokenizers`` serializes it (quick to load, unlike a real vocabulary)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[("a", "b")]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    return str(tok.to_str())
+
+
+def test_the_head_start_is_handed_over_once_and_only_for_the_same_encoding(tmp_path: Path) -> None:
+    vocab = {"a": 0, "b": 1, "ab": 2}
+    (tmp_path / "tokenizer.json").write_text(_tiny_tokenizer_json(vocab))
+    head = NativeHeadStart.for_folder(tmp_path)
+    assert head is not None and head.take(_tiny_tokenizer_json(vocab)) is not None
+    assert head.take(_tiny_tokenizer_json(vocab)) is None, "handed over once"
+    other = NativeHeadStart.for_folder(tmp_path)
+    assert other is not None and other.take(_tiny_tokenizer_json({**vocab, "ab": 3})) is None, "encodes differently"
+    assert NativeHeadStart.for_folder(tmp_path / "missing") is None
+
+
+def test_a_registry_with_the_head_start_encodes_as_one_without() -> None:
+    """Qwen3's file differs from the HF backend's serialization only where transformers rewrites it (offsets,
+    decoder), so its head start is taken; the encoder built from it encodes as one built from HF's."""
+    model = BaseModel("Qwen/Qwen3-0.6B")
+    plain = EncoderSettings(head_start=lambda folder: None)
+    texts = [*check_corpus([], count=50), "<|im_start|>user\n  Hello\u00a0world 1234 \U0001f600<|im_end|>"]
+    encoders = [TokenizerRegistry(CACHE, encoders=s).get(model).encoder for s in (EncoderSettings(), plain)]
+    assert all(e.current.name == ENCODER_FAST for e in encoders), "both passed the start-up self-check"
+    for text in texts:
+        with_head, without = (list(e.current.encode(text, add_special_tokens=True)) for e in encoders)
+        assert with_head == without, text

@@ -93,11 +93,11 @@ def test_the_shadow_check_samples_and_never_queues_more_than_its_bound() -> None
 
 
 def test_a_tokenizer_that_fails_its_self_check_runs_on_hf() -> None:
-    settings = EncoderSettings(make_fast=lambda tokenizer, cache_bytes: _Differs(HfEncoder(tokenizer)))
+    settings = EncoderSettings(make_fast=lambda tokenizer, cache_bytes, head: _Differs(HfEncoder(tokenizer)))
     registry = TokenizerRegistry(REPO / "tokenizer_cache", encoders=settings)
     choice = registry.get(BaseModel("Qwen/Qwen3-0.6B")).encoder
     assert choice.name == ENCODER_HF and "start-up self-check" in (choice.fallback_reason or "")
-    unavailable = TokenizerRegistry(REPO / "tokenizer_cache", encoders=EncoderSettings(make_fast=lambda t, b: None))
+    unavailable = TokenizerRegistry(REPO / "tokenizer_cache", encoders=EncoderSettings(make_fast=lambda t, b, h: None))
     assert unavailable.get(BaseModel("Qwen/Qwen3-0.6B")).encoder.name == ENCODER_HF
 
 
