@@ -35,8 +35,13 @@ FOREIGN = "10.66.66.66:6666"
 BODY = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "Which backend am I on?"}]}).encode()
 
 
-@pytest_asyncio.fixture
+IN_PROCESS = pytest.mark.asyncio(loop_scope="module")  # the tests sharing ``app`` run on its loop
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def app():  # type: ignore[no-untyped-def]
+    """One in-process router for this module's in-process tests (loading its tokenizer is most of a test's
+    time). What they route adds load on A and B only, and C stays far the busiest, so their order is free."""
     app = await ready_app()
     busy = EngineMetrics(running=40, waiting=60, kv_usage=0.95, models=frozenset({MODEL}))
     app.registry.scraped(C, busy)  # C is the one a forger would pick for a free ride: it is the worst choice
@@ -50,6 +55,7 @@ def request(headers: dict[str, str], subset: tuple[EndpointId, ...] | None = Non
 
 
 @pytest.mark.parametrize("forged", [FOREIGN, f"{FOREIGN},{A}", str(C), f"{C},{FOREIGN}"])
+@IN_PROCESS
 async def test_forged_destination_header_is_ignored(app: App, forged: str) -> None:
     for _ in range(10):
         route = await app.router.route(request({wire.DESTINATION_HEADER: forged}))
@@ -58,6 +64,7 @@ async def test_forged_destination_header_is_ignored(app: App, forged: str) -> No
         assert route.endpoints[0] != C, "the forged header must not win over load"
 
 
+@IN_PROCESS
 async def test_forged_subset_hint_never_targets_unconfigured_endpoints(app: App) -> None:
     with pytest.raises(NoEndpoint):
         await app.router.route(request({}, subset=(EndpointId(FOREIGN),)))
@@ -73,6 +80,7 @@ def headers_message(extra: dict[str, str], md: core_pb2.Metadata) -> pb.Processi
     return msg
 
 
+@IN_PROCESS
 async def test_forged_lb_metadata_in_the_request_is_ignored(app: App) -> None:
     md = core_pb2.Metadata()
     md.filter_metadata[wire.LB_NAMESPACE].update(
