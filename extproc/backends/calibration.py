@@ -156,7 +156,7 @@ class TtftCalibration:
         f = [x / ep.routed for x in ep.features]
         target = actual_s - ep.fixed_s / ep.routed
         w = ep.weights if ep.weights is not None else _as_weights(self._learning.prior)
-        ms = ep.mean_square if ep.mean_square is not None else [max(x * x, _MEAN_SQUARE_FLOOR) for x in f]
+        ms = ep.mean_square if ep.mean_square is not None else [x * x for x in f]  # floored just below
         ms = [max(m + _RMS_WEIGHT * (x * x - m), _MEAN_SQUARE_FLOOR) for m, x in zip(ms, f, strict=True)]
         guess = sum(wi * fi for wi, fi in zip(w, f, strict=True))
         bound = 0.5 * (abs(target) + abs(guess))
