@@ -20,7 +20,16 @@ pytestmark = [pytest.mark.envoy, pytest.mark.redis, pytest.mark.slow]
 
 
 def spec(pickers: int, redis_url: str | None, namespace: str) -> StackSpec:
-    index: dict[str, Any] = {"backend": "redis", "url": redis_url, "namespace": namespace}
+    # A generous lookup deadline: these tests are about what the replicas share. Beside the real-vLLM tier a
+    # Redis round trip on this 2-core box takes over 5 ms now and then, and a lookup past the deadline is
+    # routed by load (the designed answer to a slow Redis), so the default sent 1 run in 8 elsewhere.
+    index: dict[str, Any] = {
+        "backend": "redis",
+        "url": redis_url,
+        "namespace": namespace,
+        "lookup_deadline_s": 0.25,
+        "timeout_s": 0.25,
+    }
     return StackSpec(
         backends=4,
         pickers=pickers,
@@ -82,7 +91,7 @@ async def test_two_replicas_route_precisely_and_spread_a_burst_like_one(tmp_path
         )
         two = await burst(stack.url)
         # Every request of the burst went through the atomic pick-and-reserve, or failed open (its shared read
-        # past the lookup deadline: a 64-request burst on a 2-core box misses many), counted either way.
+        # past the lookup deadline), counted either way.
         outcomes = [await counters(url, "router_shared_reservations_") for url in stack.picker_metrics_urls]
         failed = [await counters(url, "router_index_failures_") for url in stack.picker_metrics_urls]
         settled = sum(v for c in outcomes for v in c.values())
