@@ -23,6 +23,7 @@ import pytest
 from bench.stack import UPSTREAM_HOST_HEADER, Stack, StackSpec
 from bench.stack_config import MODEL
 from tests.support import polling
+from tests.support.stacks import shared_index
 
 # Real time: two pickers hold 2-3 s leases renewed on the wall clock, and a renewal that a loaded 2-core CPU
 # delays past its ttl moves a lease (its counts no longer match the script) or stretches a timed failover.
@@ -143,15 +144,7 @@ async def load(url: str) -> Any:
 
 
 def two_pickers(valkey_url: str, namespace: str) -> StackSpec:
-    # A generous lookup deadline: this test is about which replica writes what, and on a loaded CI box a 5 ms
-    # deadline sends a probe by load now and then (routing by load is the designed answer to a slow Redis).
-    index = {
-        "backend": "redis",
-        "url": valkey_url,
-        "namespace": namespace,
-        "lookup_deadline_s": 0.25,
-        "timeout_s": 0.25,
-    }
+    index = shared_index(valkey_url, namespace)  # this test is about which replica writes what
     return StackSpec(
         backends=BACKENDS, pickers=2, kv_events=True, sim_profile="fast", picker_overrides={"index": index}
     )
@@ -247,14 +240,7 @@ async def test_a_backend_down_longer_than_the_lease_ttl_comes_back_without_phant
     neither purge reached the shared index. The requests sent at once (right after ``/health``, and again once
     both replicas have bootstrapped the new engine) must not be predicted on the old engine's blocks."""
     namespace = "lease-e2e-restart"
-    index = {
-        "backend": "redis",
-        "url": valkey_url,
-        "namespace": namespace,
-        "lookup_deadline_s": 0.25,
-        "timeout_s": 0.25,
-        "leases": {"enabled": True, "ttl_s": RESTART_TTL_S},
-    }
+    index = shared_index(valkey_url, namespace, leases={"enabled": True, "ttl_s": RESTART_TTL_S})
     spec = StackSpec(
         backends=2, backends_per_sim=1, pickers=2, kv_events=True, sim_profile="fast", picker_overrides={"index": index}
     )

@@ -15,27 +15,18 @@ import pytest
 from bench.stack import UPSTREAM_HOST_HEADER, Stack, StackSpec
 from bench.stack_config import MODEL
 from tests.support.golden import golden_case
+from tests.support.stacks import shared_index
 
 pytestmark = [pytest.mark.envoy, pytest.mark.redis, pytest.mark.slow]
 
 
 def spec(pickers: int, redis_url: str | None, namespace: str) -> StackSpec:
-    # A generous lookup deadline: these tests are about what the replicas share. Beside the real-vLLM tier a
-    # Redis round trip on this 2-core box takes over 5 ms now and then, and a lookup past the deadline is
-    # routed by load (the designed answer to a slow Redis), so the default sent 1 run in 8 elsewhere.
-    index: dict[str, Any] = {
-        "backend": "redis",
-        "url": redis_url,
-        "namespace": namespace,
-        "lookup_deadline_s": 0.25,
-        "timeout_s": 0.25,
-    }
     return StackSpec(
         backends=4,
         pickers=pickers,
         kv_events=True,
         sim_profile="h100-llama3-8b",
-        picker_overrides={"index": index} if redis_url else {},
+        picker_overrides={"index": shared_index(redis_url, namespace)} if redis_url else {},
     )
 
 

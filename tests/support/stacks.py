@@ -10,6 +10,9 @@ GIE gateway wires an endpoint picker (``envoy_options``: ``EnvoyOptions`` fields
 picker with ``stack.add_envoy(**options)``.
 
 Both start everything on 127.0.0.1 on free ports; every stack started is stopped at teardown.
+
+``shared_index(url, namespace, **fields)``: the ``index`` override of replicas sharing one Redis index, with
+the generous deadlines the replica e2e tests run under.
 """
 
 from __future__ import annotations
@@ -34,6 +37,19 @@ class StackFactory(Protocol):
 class GieStackFactory(Protocol):
     def __call__(self, envoy: dict[str, Any], picker: dict[str, Any], *, backends: int = 2,
                  dead: int = 0) -> Stack: ...  # fmt: skip
+
+
+# Replica e2e tests are about what the replicas share. Beside the real-vLLM tier a Redis round trip on a
+# 2-core CI box takes over 5 ms now and then, and a lookup past the deadline is routed by load (the designed
+# answer to a slow Redis): with the 5 ms default a request was sent away from its cached prefix 1 run in 8.
+LOADED_BOX_REDIS_S = 0.25
+
+
+def shared_index(url: str, namespace: str, **fields: Any) -> dict[str, Any]:
+    """The picker's ``index`` override for a Redis index shared under ``namespace``, with lookups and Redis
+    calls allowed ``LOADED_BOX_REDIS_S``; ``fields`` add to it (``leases=...``)."""
+    return {"backend": "redis", "url": url, "namespace": namespace,
+            "lookup_deadline_s": LOADED_BOX_REDIS_S, "timeout_s": LOADED_BOX_REDIS_S, **fields}  # fmt: skip
 
 
 def _test_spec(backends: int, dead: int, **fields: Any) -> StackSpec:
