@@ -10,9 +10,11 @@ each round), each side on its own keep-alive connection:
 - ``round_robin``: no ext_proc at all (the baseline every ``added`` is measured against);
 - ``bare``: ext_proc (the picker Envoy's own filter config: BUFFERED, override_host) to the least a grpc.aio
   servicer can do in that exchange: an empty headers reply, then a body reply built once at start;
-- ``null``: ext_proc to our servicer (``extproc.protocol``: ``Exchange``, inbound, outbound) with a handler
-  that returns a fixed ``Route``: the adapter's cost without a decision;
-- ``picker``: the real picker (parse, render, tokenize, hash, look up, score, reserve);
+- ``null``: ext_proc to our servicer (``extproc.protocol``: ``Exchange``, inbound, outbound) on grpc.aio with a
+  handler that returns a fixed ``Route``: the adapter's cost without a decision; ``null-h2``: the same on our
+  own gRPC stack (``extproc.protocol.h2_server``);
+- ``picker``: the real picker (parse, render, tokenize, hash, look up, score, reserve), on its default stack
+  (h2); ``picker-grpcio``: a second picker from the same config on grpc.aio;
 - ``authz``: another transport for the same answer, measured for comparison: the picker Envoy with its
   ext_proc filter replaced by ext_authz over HTTP/1.1 (body included), to a bare asyncio server whose
   answer's ``x-gateway-destination-endpoint`` Envoy adds upstream (override_host reads that header too);
@@ -50,7 +52,7 @@ from extproc.envoy.filters import EXT_PROC_FILTER
 from extproc.envoy_config import EnvoyOptions
 from extproc.wire import DESTINATION_HEADER as DESTINATION
 
-PROCESSORS = ("bare", "null", "authz", "picker-authz")  # the sides whose server this module runs itself
+PROCESSORS = ("bare", "null", "null-h2", "picker-grpcio", "authz", "picker-authz")  # the sides this module serves
 DOC_ITEMS = 64  # filler items: a ~1K-token chat prompt with the system prompt
 READY_TIMEOUT_S = 30.0
 IDLE_S = 3.0
@@ -60,21 +62,23 @@ WARM_UP = 10  # requests per side before the measured ones
 # -- the two processors (run as ``--serve KIND``) ----------------------------------------------------------
 async def serve(kind: str, port: int, endpoint: str) -> None:
     """Serve ``kind`` on 127.0.0.1:``port``, sending every request to ``endpoint``, until killed."""
-    from extproc.protocol.server import start_server
+    from extproc.protocol.server import start_ext_proc
     from extproc.types import EndpointId, HttpRequest, Route
 
     route = Route((EndpointId(endpoint),))
     if kind == "authz":
         await _serve_authz(port, endpoint)
-    if kind == "picker-authz":
-        await _serve_picker_authz(port, Path(endpoint))
-    if kind == "null":
+    if kind in ("picker-authz", "picker-grpcio"):
+        await _serve_picker(kind, port, Path(endpoint))
+    if kind in ("null", "null-h2"):
 
         class FixedRoute:
             async def route(self, request: HttpRequest) -> Route:
                 return route
 
-        server = await start_server(FixedRoute(), port=port)  # held: a dropped server is collected and stops
+        stack = "h2" if kind == "null-h2" else "grpcio"
+        # held: a dropped server is collected and stops
+        server = await start_ext_proc(FixedRoute(), kind=stack, port=port)
         print(f"ready {kind} on {server.port}", flush=True)
         await asyncio.Event().wait()
     await _serve_bare(port, route)
@@ -144,17 +148,21 @@ async def _serve_authz(port: int, endpoint: str) -> None:
         await asyncio.Event().wait()
 
 
-async def _serve_picker_authz(port: int, config_path: Path) -> None:
-    """A picker from ``config_path`` with ``listen.authz_port`` = ``port`` (its gRPC on any free port, no
-    metrics): the product's ext_authz path."""
+async def _serve_picker(kind: str, port: int, config_path: Path) -> None:
+    """A second picker from ``config_path`` (no metrics port): ``picker-authz`` answers ext_authz on ``port``
+    (its gRPC on any free port), the product's ext_authz path; ``picker-grpcio`` serves ext_proc on ``port`` on
+    grpc.aio (``listen.grpc_server: grpcio``), where the stack's own picker has the default, our h2 stack."""
     from extproc.app import App
     from extproc.config import load_config
 
     config = load_config(config_path)
-    listen = config.listen.model_copy(update={"grpc_port": 0, "metrics_port": None, "authz_port": port})
-    app = App(config.model_copy(update={"listen": listen}))
+    if kind == "picker-authz":
+        update: dict[str, Any] = {"grpc_port": 0, "metrics_port": None, "authz_port": port}
+    else:
+        update = {"grpc_port": port, "metrics_port": None, "authz_port": None, "grpc_server": "grpcio"}
+    app = App(config.model_copy(update={"listen": config.listen.model_copy(update=update)}))
     await app.start()
-    print(f"ready picker-authz on {app.authz_port}", flush=True)
+    print(f"ready {kind} on {port}", flush=True)
     await asyncio.Event().wait()
 
 
@@ -294,7 +302,7 @@ def start_processors(stack: Stack, workdir: Path, envoys: dict[str, EnvoyProcess
     """Each processor, and the Envoy in front of it (into ``envoys``); the caller stops the authz Envoy."""
     started: dict[str, ManagedProcess] = {}
     for kind, port in zip(PROCESSORS, free_ports(len(PROCESSORS)), strict=True):
-        target = str(stack.workdir / "picker0.yaml") if kind == "picker-authz" else stack.backends[0]
+        target = str(stack.workdir / "picker0.yaml") if kind.startswith("picker-") else stack.backends[0]
         argv = [sys.executable, "-m", "bench.extproc_floor", "--serve", kind, "--port", str(port),
                 "--endpoint", target]  # fmt: skip
         proc = ManagedProcess(kind, argv, workdir / f"{kind}.log")
@@ -327,8 +335,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             processors = start_processors(stack, Path(tmp), envoys)
             sides = [Side("round_robin", stack.url_for("round_robin"), [], envoy=stack.envoys["round_robin"])]
-            sides += [Side(k, envoys[k].url(), [processors[k].pid or 0], envoy=envoys[k]) for k in ("bare", "null")]
+            sides += [Side(k, envoys[k].url(), [processors[k].pid or 0], envoy=envoys[k])
+                      for k in ("bare", "null", "null-h2")]  # fmt: skip
             sides.append(Side("picker", stack.url, stack.picker_pids(), envoy=stack.envoy))
+            grpcio = "picker-grpcio"
+            sides.append(Side(grpcio, envoys[grpcio].url(), [processors[grpcio].pid or 0], envoy=envoys[grpcio]))
             sides += [Side(k, envoys[k].url(), [processors[k].pid or 0], envoy=envoys[k])
                       for k in ("authz", "picker-authz")]  # fmt: skip
             run(sides, per_side, stack.backends[0])

@@ -40,6 +40,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -331,10 +332,12 @@ def parse_sizes(text: str) -> list[int]:
     return [int(s[:-1]) * 1024 if s.upper().endswith("K") else int(s) for s in text.split(",") if s]
 
 
-def picker_overrides(verify_fraction: float | None) -> dict[str, dict[str, float]]:
-    overrides = {"limits": {"tokenize_timeout_s": 10.0}}
+def picker_overrides(verify_fraction: float | None, grpc_server: str | None = None) -> dict[str, dict[str, Any]]:
+    overrides: dict[str, dict[str, Any]] = {"limits": {"tokenize_timeout_s": 10.0}}
     if verify_fraction is not None:
         overrides["tokenizer"] = {"verify_fraction": verify_fraction}
+    if grpc_server is not None:
+        overrides["listen"] = {"grpc_server": grpc_server}
     return overrides
 
 
@@ -365,6 +368,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--transport", choices=("ext_proc", "ext_authz"), default="ext_proc",
                    help="how the picker Envoy asks the picker (envoy/README.md)")  # fmt: skip
+    p.add_argument(
+        "--grpc-server",
+        choices=("h2", "grpcio"),
+        default=None,
+        help="the picker's ext_proc gRPC stack (listen.grpc_server; default: the config's, h2)",
+    )
     p.add_argument("--workdir", default=None, help="keep logs here (default: a temporary dir, removed)")
     args = p.parse_args(argv)
     if args.agent_tokens is None:
@@ -375,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = StackSpec(
         backends=args.backends, envoy="picker", extra_envoys=("round_robin",), sim_profile="fast",
         num_gpu_blocks=blocks, max_model_len=max(MAX_MODEL_LEN, args.agent_tokens + 8192),
-        sim_args=("--sim-time-scale", "0"), picker_overrides=picker_overrides(args.verify_fraction),
+        sim_args=("--sim-time-scale", "0"), picker_overrides=picker_overrides(args.verify_fraction, args.grpc_server),
         picker_tree=args.picker_tree, envoy_options={"transport": args.transport},
     )  # fmt: skip
     started = time.monotonic()

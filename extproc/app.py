@@ -34,7 +34,7 @@ from extproc.kvcache.occupancy import Occupancy
 from extproc.kvcache.subscriber import EventSource
 from extproc.lifecycle import EndpointLifecycle
 from extproc.observability import CountersCollector, PreciseGauge, RouterMetrics
-from extproc.protocol.server import RunningServer, start_server
+from extproc.protocol.server import ExtProcServer, start_ext_proc
 from extproc.resolvers import SchemeResolver, TenantResolver
 from extproc.router import Router
 from extproc.scheduling.build import build_pd, build_profile, estimator_params
@@ -140,7 +140,7 @@ class App:
         settings = router_settings(config)
         self.decider = LocalDecider(self._decider_deps(), settings.decider)
         self.router = Router(self.front.deps, self.decider, settings)
-        self._server: RunningServer | None = None
+        self._server: ExtProcServer | None = None
         self._authz: asyncio.Server | None = None
         self.authz_port: int | None = None  # the bound ext_authz port once started, when listen.authz_port is set
         self.workers: FrontWorkers | None = None
@@ -249,9 +249,10 @@ class App:
     async def _start_server(self) -> None:
         await warm_up(self.front, [m.name for m in self.config.models])
         listen = self.config.listen
-        self._server = await start_server(
-            self.router, host=listen.host, port=listen.grpc_port, options=processor_options(self.config), ready=False
-        )
+        self._server = await start_ext_proc(
+            self.router, kind=listen.grpc_server, host=listen.host, port=listen.grpc_port,
+            options=processor_options(self.config), ready=False,
+        )  # fmt: skip
         self.grpc_port = self._server.port
 
     async def _start_authz(self, host: str, port: int) -> None:

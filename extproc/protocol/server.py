@@ -13,6 +13,7 @@ Usage (from the composition root)::
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Literal, Protocol
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -20,6 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from extproc import wire
 from extproc.protocol import constants
 from extproc.protocol.exchange import Exchange, ProcessorOptions
+from extproc.protocol.h2_server import start_h2_server
 from extproc.protocol.handler import RouteHandler
 from extproc.protocol.pb import external_processor_pb2, external_processor_pb2_grpc
 
@@ -65,7 +67,8 @@ class RunningServer:
         await self._server.stop(grace_s)
 
 
-def _max_receive(options: ProcessorOptions, max_receive_bytes: int | None) -> int:
+def max_receive(options: ProcessorOptions, max_receive_bytes: int | None = None) -> int:
+    """The largest gRPC message accepted: ``max_receive_bytes``, else 64 MiB or the body limit + 1 MiB."""
     # A BUFFERED body arrives as one gRPC message; leave room for headers and framing.
     return max_receive_bytes or max(constants.DEFAULT_MAX_RECEIVE_BYTES, options.max_body_bytes + (1 << 20))
 
@@ -93,7 +96,7 @@ async def start_server(
     default of 4 MiB would reject BUFFERED bodies). ``ready=False`` starts ``readiness`` as NOT_SERVING.
     Raises ``RuntimeError`` if the port cannot be bound.
     """
-    limit = _max_receive(options, max_receive_bytes)
+    limit = max_receive(options, max_receive_bytes)
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit)])
     external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(  # type: ignore[no-untyped-call]
         ExternalProcessorService(handler, options), server
@@ -105,3 +108,35 @@ async def start_server(
         raise RuntimeError(f"cannot bind ext_proc server to {host}:{port}")
     await server.start()
     return RunningServer(server, health_servicer, bound)
+
+
+GrpcServerKind = Literal["grpcio", "h2"]
+"""Which gRPC stack serves ext_proc: grpcio's ``grpc.aio`` (the reference) or our own over ``h2``
+(``extproc.protocol.h2_server``: the same exchange for a fraction of the CPU)."""
+
+
+class ExtProcServer(Protocol):
+    """What the composition root needs of a started ext_proc server, whichever stack serves it."""
+
+    port: int
+
+    async def set_ready(self, ready: bool) -> None: ...
+
+    async def stop(self, grace_s: float | None = None) -> None: ...
+
+
+async def start_ext_proc(
+    handler: RouteHandler,
+    *,
+    kind: GrpcServerKind,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    options: ProcessorOptions = ProcessorOptions(),  # noqa: B008  (frozen dataclass)
+    ready: bool = True,
+) -> ExtProcServer:
+    """``start_server`` or ``h2_server.start_h2_server`` by ``kind``; the same health services and limits."""
+    if kind == "h2":
+        return await start_h2_server(
+            handler, host=host, port=port, options=options, max_receive_bytes=max_receive(options), ready=ready
+        )
+    return await start_server(handler, host=host, port=port, options=options, ready=ready)

@@ -23,7 +23,7 @@ from extproc.backends.registry import EndpointRegistry
 from extproc.config import RouterConfig
 from extproc.front_build import build_front, processor_options, router_settings, warm_up
 from extproc.observability import RouterMetrics
-from extproc.protocol.server import start_server
+from extproc.protocol.server import start_ext_proc
 from extproc.resolvers import SchemeResolver
 from extproc.router import Router
 from extproc.tasks import stop_task
@@ -64,7 +64,9 @@ async def serve_front(config: RouterConfig, base_dir: Path, socket_path: str, in
     )
     router = Router(parts.deps, remote, router_settings(config))
     await warm_up(parts, [m.name for m in config.models])
-    server = await start_server(router, host=host, port=port, options=processor_options(config))
+    server = await start_ext_proc(
+        router, kind=config.listen.grpc_server, host=host, port=port, options=processor_options(config)
+    )
     remote.send(("ready", index))
     stats = asyncio.create_task(_send_stats(remote, index, metrics.registry), name="front-stats")
     stop = asyncio.Event()

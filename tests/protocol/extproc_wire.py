@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import grpc
+import pytest
 
-from extproc.protocol import ProcessorOptions, RouteHandler, RunningServer, start_server
+from extproc.protocol import ProcessorOptions, RouteHandler
 from extproc.protocol.pb import (
     core_pb2,
     external_processor_pb2,
     external_processor_pb2_grpc,
     processing_mode_pb2,
 )
+from extproc.protocol.server import ExtProcServer, GrpcServerKind, start_ext_proc
 
 pb = external_processor_pb2
 Mode = processing_mode_pb2.ProcessingMode
@@ -124,16 +127,34 @@ async def run_exchange(
     return result
 
 
+SERVER_KINDS: tuple[GrpcServerKind, ...] = ("grpcio", "h2")
+server_kind: GrpcServerKind = "grpcio"  # which stack ``serving`` starts; the ``each_grpc_server`` fixture sets it
+
+
+@pytest.fixture(params=SERVER_KINDS)
+def each_grpc_server(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> GrpcServerKind:
+    """Run a test once per gRPC stack (``listen.grpc_server``): the same client, the same expectations."""
+    monkeypatch.setattr(sys.modules[__name__], "server_kind", request.param)
+    return cast(GrpcServerKind, request.param)
+
+
 @asynccontextmanager
 async def serving(
     handler: RouteHandler, options: ProcessorOptions | None = None, **kwargs: Any
-) -> AsyncIterator[tuple[RunningServer, grpc.aio.Channel]]:
-    """A real server on 127.0.0.1:<free port> and a channel to it; both closed on exit."""
+) -> AsyncIterator[tuple[ExtProcServer, grpc.aio.Channel]]:
+    """A real server (``server_kind``) on 127.0.0.1:<free port> and a channel to it; both closed on exit."""
     options = options or ProcessorOptions()
-    server = await start_server(handler, host="127.0.0.1", port=0, options=options, **kwargs)
+    server = await start_ext_proc(handler, kind=server_kind, host="127.0.0.1", port=0, options=options, **kwargs)
+    async with connected(server) as channel:
+        yield server, channel
+
+
+@asynccontextmanager
+async def connected(server: ExtProcServer) -> AsyncIterator[grpc.aio.Channel]:
+    """A channel to the started ``server``; on exit the channel closes and the server stops."""
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
     try:
-        yield server, channel
+        yield channel
     finally:
         await channel.close()
         await server.stop(grace_s=None)

@@ -24,6 +24,8 @@ from tests.protocol.extproc_wire import (
     trailers_msg,
 )
 
+pytestmark = pytest.mark.usefixtures("each_grpc_server")  # every test once per gRPC stack
+
 DEST = "x-gateway-destination-endpoint"
 PICK = f"{A},{B}"
 GET_MODELS = {":method": "GET", ":path": "/v1/models", ":authority": "gw"}

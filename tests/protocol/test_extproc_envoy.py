@@ -11,11 +11,13 @@ import aiohttp
 import pytest
 
 from extproc.errors import UnknownModel
-from extproc.protocol import ProcessorOptions, start_server
+from extproc.protocol import ProcessorOptions
+from extproc.protocol.server import start_ext_proc
 from extproc.types import EndpointId, HttpRequest, PassThrough, Route
+from tests.protocol import extproc_wire
 from tests.protocol.extproc_envoy_stack import envoy, upstreams
 
-pytestmark = [pytest.mark.envoy, pytest.mark.slow]
+pytestmark = [pytest.mark.envoy, pytest.mark.slow, pytest.mark.usefixtures("each_grpc_server")]
 
 
 class ByModel:
@@ -48,7 +50,7 @@ class ServedByModel(ByModel):
 @pytest.fixture(params=["BUFFERED", "FULL_DUPLEX_STREAMED"], ids=["buffered", "duplex"])
 async def gateway(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[str, list[int]]]:
     async with upstreams(2) as ports:
-        server = await start_server(ByModel(ports), host="127.0.0.1", port=0)
+        server = await start_ext_proc(ByModel(ports), kind=extproc_wire.server_kind, host="127.0.0.1", port=0)
         try:
             async with envoy(tmp_path, server.port, ports, request.param) as url:
                 yield url, ports
@@ -89,7 +91,7 @@ async def test_served_endpoint_feedback_with_stream_kept_open(mode: str, tmp_pat
     async with upstreams(2) as ports:
         handler = ServedByModel(ports)
         options = ProcessorOptions(close_after_pick=False)
-        server = await start_server(handler, host="127.0.0.1", port=0, options=options)
+        server = await start_ext_proc(handler, kind=extproc_wire.server_kind, host="127.0.0.1", port=0, options=options)
         try:
             async with (
                 envoy(tmp_path, server.port, ports, mode, response_headers=True) as url,

@@ -32,6 +32,8 @@ from tests.protocol.extproc_wire import (
     serving,
 )
 
+pytestmark = pytest.mark.usefixtures("each_grpc_server")  # every test once per gRPC stack
+
 MODES = pytest.mark.parametrize("mode", [Mode.BUFFERED, Mode.FULL_DUPLEX_STREAMED], ids=["buffered", "duplex"])
 
 

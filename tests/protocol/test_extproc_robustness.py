@@ -23,6 +23,8 @@ from tests.protocol.extproc_wire import (
     trailers_msg,
 )
 
+pytestmark = pytest.mark.usefixtures("each_grpc_server")  # every test once per gRPC stack
+
 PICK = f"{A},{B}"
 
 

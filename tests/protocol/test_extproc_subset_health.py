@@ -19,6 +19,8 @@ from tests.protocol.extproc_wire import (
     serving,
 )
 
+pytestmark = pytest.mark.usefixtures("each_grpc_server")  # every test once per gRPC stack
+
 HINT_NS, HINT_KEY = "envoy.lb.subset_hint", "x-gateway-destination-endpoint-subset"
 
 

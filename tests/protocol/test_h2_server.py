@@ -1,0 +1,83 @@
+"""What only our own gRPC stack (``extproc.protocol.h2_server``) decides, seen by a real grpcio client: the status
+codes grpcio's server would give for methods it does not serve, limits and bad messages, and stopping. (Every
+exchange and health test of this package runs on both stacks: ``each_grpc_server``.)"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from extproc.protocol import ProcessorOptions
+from extproc.protocol.h2_server import H2Server, start_h2_server
+from extproc.protocol.pb import external_processor_pb2_grpc
+from extproc.types import EndpointId, HttpRequest, Route
+from tests.protocol.extproc_wire import body_msg, chat_body, connected, headers_msg, run_exchange
+
+
+class FixedHandler:
+    async def route(self, request: HttpRequest) -> Route:
+        return Route((EndpointId("10.0.0.1:8000"),))
+
+
+@asynccontextmanager
+async def h2_serving(max_receive_bytes: int = 64 << 20) -> AsyncIterator[tuple[H2Server, grpc.aio.Channel]]:
+    server = await start_h2_server(FixedHandler(), port=0, max_receive_bytes=max_receive_bytes)
+    async with connected(server) as channel:
+        yield server, channel
+
+
+async def test_a_method_it_does_not_serve_is_unimplemented() -> None:
+    async with h2_serving() as (_, channel):
+        call = channel.unary_unary("/no.such.Service/Method")
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await call(b"", timeout=5)
+        assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""), timeout=5)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await watch.read()
+        assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+async def test_a_message_over_the_limit_is_resource_exhausted_and_the_connection_serves_on() -> None:
+    async with h2_serving(max_receive_bytes=4096) as (_, channel):
+        stub = external_processor_pb2_grpc.ExternalProcessorStub(channel)
+        big = [headers_msg(), body_msg(chat_body(text="x" * 8192), eos=True)]
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await run_exchange(stub, big)
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        small = await run_exchange(stub, [headers_msg(), body_msg(chat_body(), eos=True)])
+        assert small.code == grpc.StatusCode.OK
+        assert small.kinds() == ["request_headers", "request_body"]
+
+
+async def test_a_message_that_does_not_parse_is_internal() -> None:
+    async with h2_serving() as (_, channel):
+        call = channel.stream_stream("/envoy.service.ext_proc.v3.ExternalProcessor/Process")
+        stream = call(timeout=5)
+        await stream.write(b"\xff\xff\xff")  # not a ProcessingRequest
+        await stream.done_writing()
+        assert await stream.code() == grpc.StatusCode.INTERNAL
+
+
+async def test_many_streams_on_one_connection_are_answered_independently() -> None:
+    async with h2_serving() as (_, channel):
+        stub = external_processor_pb2_grpc.ExternalProcessorStub(channel)
+        messages = [headers_msg(), body_msg(chat_body(), eos=True)]
+        results = await asyncio.gather(*(run_exchange(stub, messages) for _ in range(50)))
+    assert {r.code for r in results} == {grpc.StatusCode.OK}
+    assert {tuple(r.kinds()) for r in results} == {("request_headers", "request_body")}
+
+
+async def test_stop_reports_not_serving_then_refuses_new_connections() -> None:
+    server = await start_h2_server(FixedHandler(), port=0, max_receive_bytes=1 << 20, options=ProcessorOptions())
+    port = server.port
+    await server.stop(grace_s=0.5)
+    assert set(server.health.values()) == {health_pb2.HealthCheckResponse.NOT_SERVING}
+    with pytest.raises(OSError):
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.close()
