@@ -19,7 +19,7 @@ import zmq.asyncio
 
 from vllm_sim.config import ServerConfig
 from vllm_sim.server import SimServer
-from vllm_sim.tokenize import PromptTokenizer
+from vllm_sim.tokenize import PromptTokenizer, TokenCache
 
 
 class SimCluster:
@@ -44,8 +44,9 @@ class SimCluster:
         if self._tokenizer is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-sim-tok")
             loop = asyncio.get_running_loop()
+            cache = TokenCache(self.config.sim.token_cache_tokens)
             self._tokenizer = await loop.run_in_executor(
-                self._executor, PromptTokenizer, self.config.tokenizer, self._executor
+                self._executor, PromptTokenizer, self.config.tokenizer, self._executor, cache
             )
         self._ctx = zmq.asyncio.Context()
         try:

@@ -92,6 +92,9 @@ class SimOptions:
     kv_events_bind: bool = False  # bind the PUB even where vLLM would connect (tcp://127.0.0.1:port)
     pd_sidecar: bool = False  # act as llm-d's decode sidecar: x-prefiller-host-port runs a prefill leg there
     transfer: TransferModel = field(default_factory=TransferModel)  # a decode leg's KV pull
+    # the tokenizer's result cache, in tokens held (tokenize.TokenCache): a benchmark that replays the same prompts
+    # to several routers must hold them all, or each router's run pays the tokenizer for a different share
+    token_cache_tokens: int = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,6 +52,9 @@ from extproc.envoy_config import EnvoyOptions
 
 READY_TIMEOUT_S = 120.0
 OUTPUT_STREAM_INTERVAL = 8  # tokens per streamed chunk after the first: fewer chunks, less client CPU
+# The simulator's tokenizer cache must hold a workload's whole ladder (tenants: ~1.25M tokens; ~36 bytes a token),
+# or every policy's cells pay the simulator's tokenizer for a different share of their prompts.
+SIM_TOKEN_CACHE_TOKENS = 4_000_000
 
 
 @dataclass
@@ -82,6 +85,7 @@ class Backends:
             "--block-size", str(self.fleet.block_size), "--max-model-len", str(max_len),
             "--num-gpu-blocks-override", str(self.fleet.num_gpu_blocks), "--enable-prompt-tokens-details",
             "--sim-output-len", "100000", "--stream-interval", str(OUTPUT_STREAM_INTERVAL),
+            "--sim-token-cache-tokens", str(SIM_TOKEN_CACHE_TOKENS),
             # tcp (vllm-router's kv_aware accepts only tcp://); the simulator binds, every subscriber dials
             "--sim-kv-events-bind", "--kv-events-config", json.dumps(events),
         ]  # fmt: skip

@@ -174,6 +174,9 @@ def _run_workload(w: Workload, opts: RunOptions, doc: dict[str, Any], fleets: _F
     shutil.rmtree(workdir, ignore_errors=True)
     opts.log(f"[{w.name}] {w.summary}")
     backends = fleets.get(fleet, w.name)
+    if fleet.engine == "sim":  # every policy then meets the same warm simulator tokenizer (measure.warm_tokenizer)
+        sent = measure.warm_tokenizer(backends.addresses[0], plans)
+        opts.log(f"[{w.name}] simulator tokenizer warmed with the ladder's {sent} prompts")
     for name in opts.policies:
         if not runs_policy(name, w.name, opts):
             continue
