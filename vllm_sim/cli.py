@@ -94,7 +94,7 @@ def _sim_flags(p: argparse.ArgumentParser) -> None:
                    help="llm-d's decode sidecar: x-prefiller-host-port runs the prefill leg there first")  # fmt: skip
     g.add_argument("--sim-kv-transfer-gbps", type=float, default=25.0, help="P/D KV transfer bandwidth, GB/s")
     g.add_argument("--sim-kv-bytes-per-token", type=int, default=131_072, help="K+V bytes per token (transfer)")
-    g.add_argument("--sim-token-cache-tokens", type=int, default=1_000_000,
+    g.add_argument("--sim-token-cache-tokens", type=int, default=SimOptions().token_cache_tokens,
                    help="tokens the tokenizer's result cache holds (one cache per process)")  # fmt: skip
     g.add_argument("--sim-log-level", default="WARNING", help="Python logging level")
 

@@ -16,6 +16,7 @@ from vllm_sim.engine import EngineConfig
 from vllm_sim.hashing import LoraKey
 from vllm_sim.pd import KvTransferConfig, TransferModel
 from vllm_sim.timing import TimingProfile
+from vllm_sim.tokenize import DEFAULT_CACHE_TOKENS
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +95,7 @@ class SimOptions:
     transfer: TransferModel = field(default_factory=TransferModel)  # a decode leg's KV pull
     # the tokenizer's result cache, in tokens held (tokenize.TokenCache): a benchmark that replays the same prompts
     # to several routers must hold them all, or each router's run pays the tokenizer for a different share
-    token_cache_tokens: int = 1_000_000
+    token_cache_tokens: int = DEFAULT_CACHE_TOKENS
 
 
 @dataclass(frozen=True, slots=True)

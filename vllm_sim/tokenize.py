@@ -53,10 +53,14 @@ def _flatten_content(message: dict[str, Any]) -> dict[str, Any]:
     return {**message, "content": "\n".join(texts)}
 
 
+DEFAULT_CACHE_TOKENS = 1_000_000
+"""``TokenCache``'s default bound (``--sim-token-cache-tokens``)."""
+
+
 class TokenCache:
     """LRU of token-id lists bounded by total tokens held (not by entries)."""
 
-    def __init__(self, max_tokens: int = 1_000_000) -> None:
+    def __init__(self, max_tokens: int = DEFAULT_CACHE_TOKENS) -> None:
         self._max_tokens = max_tokens
         self._held = 0
         self._entries: OrderedDict[bytes, list[int]] = OrderedDict()

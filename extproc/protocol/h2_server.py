@@ -345,8 +345,7 @@ class H2Server:
         self.options = options
         self.max_receive_bytes = max_receive_bytes
         self.connections: set[_Connection] = set()
-        names = ("", wire.HEALTH_LIVENESS, constants.SERVICE_NAME)
-        self.health: dict[str, int] = dict.fromkeys(names, _SERVING)
+        self.health: dict[str, int] = dict.fromkeys(constants.ALWAYS_SERVING, _SERVING)
         self.health[wire.HEALTH_READINESS] = _SERVING if ready else _NOT_SERVING
         self._server: asyncio.Server | None = None
         self.port = 0

@@ -75,7 +75,7 @@ def max_receive(options: ProcessorOptions, max_receive_bytes: int | None = None)
 
 async def _health_servicer(ready: bool) -> health.aio.HealthServicer:
     servicer = health.aio.HealthServicer()
-    for name in ("", wire.HEALTH_LIVENESS, constants.SERVICE_NAME):
+    for name in constants.ALWAYS_SERVING:
         await servicer.set(name, _SERVING)
     await servicer.set(wire.HEALTH_READINESS, _SERVING if ready else _NOT_SERVING)
     return servicer
