@@ -1,10 +1,10 @@
-"""The ext_proc server on our own HTTP/2 (``h2``) and gRPC framing: the same ``Exchange`` and health service as
-``extproc.protocol.server``, without grpc.aio.
+"""The ext_proc server on our own HTTP/2 (``extproc.protocol.http2``) and gRPC framing: the same ``Exchange`` and
+health service as ``extproc.protocol.server``, without grpc.aio.
 
 Why: grpc.aio costs ~2 ms of CPU per ext_proc request on a 2-core box before any decision (``bench.extproc_floor``:
 a servicer with canned replies), 5-7x what the picker's own decision costs at 1K tokens (``bench.route_cost``).
 An asyncio protocol that speaks the little of gRPC that Envoy's ext_proc client and its gRPC health checker use
-does the same exchange with a few h2 events per message.
+does the same exchange in a few function calls per frame (``http2`` says why not the ``h2`` library either).
 
 What it serves (``listen.grpc_server: h2``), over cleartext HTTP/2 (prior knowledge, as Envoy's gRPC clients do):
 
@@ -25,23 +25,17 @@ WINDOW_UPDATE round trips.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 import struct
 from collections import deque
 from dataclasses import dataclass, field
 
-import h2.config
-import h2.connection
-import h2.events
-import h2.exceptions
-import h2.settings
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2
 
 from extproc import wire
-from extproc.protocol import constants
+from extproc.protocol import constants, http2
 from extproc.protocol.exchange import Exchange, ProcessorOptions
 from extproc.protocol.handler import RouteHandler
 from extproc.protocol.pb import external_processor_pb2
@@ -62,7 +56,15 @@ OK, UNKNOWN, NOT_FOUND, RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL = 0, 2, 5, 8
 
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-_RESPONSE_HEADERS = ((b":status", b"200"), (b"content-type", b"application/grpc"))
+_RESPONSE_HEADERS = http2.encode_headers(((b":status", b"200"), (b"content-type", b"application/grpc")))
+_OK_TRAILERS = http2.encode_headers(((b"grpc-status", b"0"),))
+
+
+def _trailers(code: int, message: str) -> bytes:
+    fields = [(b"grpc-status", str(code).encode())]
+    if message:
+        fields.append((b"grpc-message", _percent_encode(message)))
+    return http2.encode_headers(fields)
 
 
 def grpc_frame(message: bytes) -> bytes:
@@ -81,7 +83,7 @@ class _Stream:
     messages: deque[bytes] = field(default_factory=deque)
     outbox: bytearray = field(default_factory=bytearray)
     headers_sent: bool = False
-    trailers: tuple[tuple[bytes, bytes], ...] | None = None  # sent once the outbox is empty
+    trailers: bytes | None = None  # an encoded header block, sent once the outbox is empty
     client_done: bool = False  # END_STREAM received
     closed: bool = False  # our trailers sent, or reset
     task: asyncio.Task[None] | None = None
@@ -89,16 +91,12 @@ class _Stream:
 
 
 class _Connection(asyncio.Protocol):
-    """One client connection: h2 state, its streams, and the tasks that answer them."""
+    """One client connection: its framing (``http2.Http2Connection``), its streams, and the tasks that answer
+    them. Implements ``http2.StreamHandler``."""
 
     def __init__(self, server: H2Server) -> None:
         self._server = server
-        # Header checks off both ways: Envoy's headers are only read for ``:path``, ours are constants.
-        config = h2.config.H2Configuration(
-            client_side=False, header_encoding=None, validate_inbound_headers=False, normalize_inbound_headers=False,
-            validate_outbound_headers=False, normalize_outbound_headers=False,
-        )  # fmt: skip
-        self._h2 = h2.connection.H2Connection(config=config)
+        self._h2 = http2.Http2Connection(self, window_bytes=WINDOW_BYTES, max_frame_bytes=MAX_FRAME_BYTES)
         self._transport: asyncio.Transport | None = None
         self._streams: dict[int, _Stream] = {}
 
@@ -110,23 +108,15 @@ class _Connection(asyncio.Protocol):
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._server.connections.add(self)
-        settings: dict[h2.settings.SettingCodes | int, int] = {
-            h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: WINDOW_BYTES,
-            h2.settings.SettingCodes.MAX_FRAME_SIZE: MAX_FRAME_BYTES,
-            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 1 << 16,
-        }
-        self._h2.initiate_connection()
-        self._h2.update_settings(settings)
-        self._h2.increment_flow_control_window(WINDOW_BYTES)
+        self._h2.initiate(max_concurrent_streams=1 << 16)
         self._send()
 
     def data_received(self, data: bytes) -> None:
         try:
-            for event in self._h2.receive_data(data):
-                self._on_event(event)
-        except h2.exceptions.ProtocolError as exc:
+            self._h2.receive(data)
+        except http2.Http2Error as exc:
             log.info("HTTP/2 protocol error from an ext_proc client, closing its connection: %s", exc)
-            self._send()  # h2 queued a GOAWAY saying why
+            self._send()  # the GOAWAY saying why
             self._close()
             return
         except Exception:
@@ -144,34 +134,44 @@ class _Connection(asyncio.Protocol):
         self._streams.clear()
         self._transport = None
 
-    # -- events --------------------------------------------------------------------------------------------
-    def _on_event(self, event: h2.events.Event) -> None:
-        if isinstance(event, h2.events.RequestReceived):
-            self._on_request(event.stream_id, dict(event.headers or ()), ended=event.stream_ended is not None)
-        elif isinstance(event, h2.events.DataReceived):
-            self._h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-            stream = self._streams.get(event.stream_id)
-            if stream is not None and not stream.closed:
-                self._on_data(stream, event.data or b"")
-        elif isinstance(event, h2.events.StreamEnded):
-            stream = self._streams.get(event.stream_id)
-            if stream is not None and stream.closed:
-                del self._streams[event.stream_id]
-            elif stream is not None:
-                stream.client_done = True
-                self._wake(stream)
-        elif isinstance(event, h2.events.StreamReset):
-            self._forget(event.stream_id)
-        elif isinstance(event, h2.events.WindowUpdated):
-            targets = list(self._streams.values()) if event.stream_id == 0 else [self._streams.get(event.stream_id)]
-            for stream in targets:
-                if stream is not None:
-                    self._flush(stream)
-        elif isinstance(event, h2.events.ConnectionTerminated):
-            self._close()
+    # -- http2.StreamHandler -------------------------------------------------------------------------------
+    def on_headers(self, stream_id: int, headers: list[tuple[bytes, bytes]], *, end_stream: bool, new: bool) -> None:
+        if new:
+            path = next((v for n, v in headers if n == b":path"), b"")
+            self._on_request(stream_id, path, ended=end_stream)
+        elif end_stream and (stream := self._streams.get(stream_id)) is not None:  # trailers: the client is done
+            self._client_ended(stream)
 
-    def _on_request(self, stream_id: int, headers: dict[bytes, bytes], *, ended: bool) -> None:
-        stream = self._streams[stream_id] = _Stream(stream_id, headers.get(b":path", b""), client_done=ended)
+    def on_data(self, stream_id: int, data: bytes, *, end_stream: bool) -> None:
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            return
+        if data and not stream.closed:
+            self._on_data(stream, data)
+        if end_stream:
+            self._client_ended(stream)
+
+    def on_reset(self, stream_id: int) -> None:
+        self._forget(stream_id)
+
+    def on_window(self, stream_id: int) -> None:
+        targets = list(self._streams.values()) if stream_id == 0 else [self._streams.get(stream_id)]
+        for stream in targets:
+            if stream is not None:
+                self._flush(stream)
+
+    def on_goaway(self) -> None:
+        self._close()
+
+    def _client_ended(self, stream: _Stream) -> None:
+        if stream.closed:
+            del self._streams[stream.stream_id]
+        else:
+            stream.client_done = True
+            self._wake(stream)
+
+    def _on_request(self, stream_id: int, path: bytes, *, ended: bool) -> None:
+        stream = self._streams[stream_id] = _Stream(stream_id, path, client_done=ended)
         if stream.path == PROCESS_PATH:
             stream.exchange = Exchange(self._server.handler, self._server.options)
         elif stream.path != HEALTH_CHECK_PATH:
@@ -268,9 +268,7 @@ class _Connection(asyncio.Protocol):
         """End our side with ``code``: after what is queued (trailers), or at once (trailers-only)."""
         if stream.closed or stream.trailers is not None:
             return
-        trailers: tuple[tuple[bytes, bytes], ...] = ((b"grpc-status", str(code).encode()),)
-        if message:
-            trailers += ((b"grpc-message", _percent_encode(message)),)
+        trailers = _OK_TRAILERS if code == OK and not message else _trailers(code, message)
         if not stream.headers_sent:  # trailers-only: one HEADERS frame carries the status
             stream.headers_sent = True
             stream.trailers = _RESPONSE_HEADERS + trailers
@@ -283,20 +281,17 @@ class _Connection(asyncio.Protocol):
         """Send what the windows allow; the trailers once everything before them went."""
         if stream.closed:
             return
-        try:
-            outbox = stream.outbox
-            while outbox:
-                window = self._h2.local_flow_control_window(stream.stream_id)
-                size = min(window, self._h2.max_outbound_frame_size, len(outbox))
-                if size <= 0:
-                    return  # WindowUpdated resumes
+        outbox = stream.outbox
+        if outbox:
+            size = min(self._h2.send_window(stream.stream_id), len(outbox))
+            if size > 0:
                 self._h2.send_data(stream.stream_id, bytes(outbox[:size]))
                 del outbox[:size]
-            if stream.trailers is not None:
-                self._h2.send_headers(stream.stream_id, stream.trailers, end_stream=True)
-                self._end(stream)
-        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
-            self._forget(stream.stream_id)
+            if outbox:
+                return  # on_window resumes
+        if stream.trailers is not None:
+            self._h2.send_headers(stream.stream_id, stream.trailers, end_stream=True)
+            self._end(stream)
 
     def _end(self, stream: _Stream) -> None:
         stream.closed = True
@@ -324,8 +319,7 @@ class _Connection(asyncio.Protocol):
     # -- shutdown ------------------------------------------------------------------------------------------
     def go_away(self) -> None:
         """Tell the client to open no new streams here (the open ones may finish)."""
-        with contextlib.suppress(h2.exceptions.ProtocolError):
-            self._h2.close_connection()
+        self._h2.go_away()
         self._send()
 
     @property

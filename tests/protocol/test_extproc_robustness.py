@@ -66,7 +66,11 @@ async def test_many_concurrent_streams_in_mixed_modes() -> None:
         mode = modes[i % 3]
         body = chat_body(text="x" * rng.randrange(0, 150_000))
         size = rng.randrange(1_000, 80_000) if mode == Mode.FULL_DUPLEX_STREAMED else len(body)
-        plans.append((mode, body, [headers_msg(mode=mode), *chunks(body, size)]))
+        # Body mode NONE: Envoy sends the headers alone, and the server ends the call at once. (Writing the body
+        # anyway raced that end: a grpc.aio write in flight when the server's OK trailers arrive fails and
+        # marks the call INTERNAL on the client's side; seen under CPU load, on either stack.)
+        body_msgs = chunks(body, size) if mode != Mode.NONE else []
+        plans.append((mode, body, [headers_msg(mode=mode), *body_msgs]))
     handler = FixedHandler()
     async with serving(handler) as (_, channel):
         stub = external_processor_pb2_grpc.ExternalProcessorStub(channel)
