@@ -139,6 +139,8 @@ class _Connection(asyncio.Protocol):
         if new:
             path = next((v for n, v in headers if n == b":path"), b"")
             self._on_request(stream_id, path, ended=end_stream)
+            if end_stream:  # a request of headers alone: answered now (a Process stream ends OK, a check fails)
+                self._wake(self._streams[stream_id])
         elif end_stream and (stream := self._streams.get(stream_id)) is not None:  # trailers: the client is done
             self._client_ended(stream)
 

@@ -341,8 +341,14 @@ class Http2Connection:
         increment = _U32.unpack(payload)[0] & _MAX_WINDOW
         if stream_id == 0:
             self._send_conn += increment
+            if increment == 0 or self._send_conn > _MAX_WINDOW:  # §6.9, §6.9.1: a connection error
+                self._fail(FLOW_CONTROL_ERROR if increment else PROTOCOL_ERROR, "bad connection WINDOW_UPDATE")
         elif stream_id in self._send_streams:
             self._send_streams[stream_id] += increment
+            if increment == 0 or self._send_streams[stream_id] > _MAX_WINDOW:  # a stream error: reset it
+                self.reset(stream_id, FLOW_CONTROL_ERROR if increment else PROTOCOL_ERROR)
+                self._handler.on_reset(stream_id)
+                return
         else:
             return  # a closed stream's: nothing waits on it
         self._handler.on_window(stream_id)

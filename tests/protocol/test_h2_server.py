@@ -9,10 +9,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import grpc
+import hpack
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from extproc.protocol import ProcessorOptions
+from extproc.protocol import ProcessorOptions, http2
 from extproc.protocol.h2_server import H2Server, start_h2_server
 from extproc.protocol.pb import external_processor_pb2_grpc
 from extproc.types import EndpointId, HttpRequest, Route
@@ -81,3 +82,36 @@ async def test_stop_reports_not_serving_then_refuses_new_connections() -> None:
     with pytest.raises(OSError):
         _, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.close()
+
+
+async def raw_exchange(port: int, path: bytes) -> list[tuple[int, int, bytes]]:
+    """A request of headers alone (END_STREAM on HEADERS, no message), sent frame by frame: what comes back on
+    stream 1, as (type, flags, payload), until our side ends it."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    headers = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", path), (b":authority", b"x"),
+               (b"content-type", b"application/grpc"), (b"te", b"trailers")]  # fmt: skip
+    writer.write(http2.PREFACE + http2.frame(http2.SETTINGS, 0, 0))
+    writer.write(http2.frame(http2.HEADERS, http2.END_HEADERS | http2.END_STREAM, 1, hpack.Encoder().encode(headers)))
+    frames: list[tuple[int, int, bytes]] = []
+    try:
+        async with asyncio.timeout(5):
+            while not frames or not frames[-1][1] & http2.END_STREAM:
+                head = await reader.readexactly(9)
+                payload = await reader.readexactly(int.from_bytes(head[:3], "big"))
+                if int.from_bytes(head[5:9], "big") == 1:
+                    frames.append((head[3], head[4], payload))
+    finally:
+        writer.close()
+    return frames
+
+
+@pytest.mark.parametrize(("path", "status"), [(b"/grpc.health.v1.Health/Check", b"13"),
+                                              (b"/envoy.service.ext_proc.v3.ExternalProcessor/Process", b"0")])  # fmt: skip
+async def test_a_request_of_headers_alone_is_answered_at_once(path: bytes, status: bytes) -> None:
+    server = await start_h2_server(FixedHandler(), port=0, max_receive_bytes=1 << 20)
+    try:
+        frames = await raw_exchange(server.port, path)
+    finally:
+        await server.stop(grace_s=0.1)
+    decoded = dict(hpack.Decoder().decode(b"".join(p for kind, _, p in frames if kind == http2.HEADERS), raw=True))
+    assert decoded[b"grpc-status"] == status

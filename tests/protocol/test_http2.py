@@ -192,6 +192,15 @@ def test_headers_and_trailers_go_out_whole_and_close_our_side() -> None:
     assert conn.send_window(1) == 0  # closed: nothing more may go
 
 
+def test_a_stream_window_pushed_past_its_limit_resets_that_stream_only() -> None:
+    conn, rec = connected()
+    conn.receive(raw_frame(1, 0x4, 1, hpack.Encoder().encode(REQUEST)))
+    conn.data_to_send()
+    conn.receive(raw_frame(8, 0, 1, U32.pack((1 << 31) - 1)))
+    assert parse_frames(conn.data_to_send()) == [(3, 0, 1, U32.pack(http2.FLOW_CONTROL_ERROR))]
+    assert rec.events[-1] == ("reset", 1) and not conn.closing
+
+
 def test_a_reset_stream_is_reported_and_forgotten() -> None:
     conn, rec = connected()
     conn.receive(raw_frame(1, 0x4, 1, hpack.Encoder().encode(REQUEST)))
@@ -210,8 +219,21 @@ def test_a_reset_stream_is_reported_and_forgotten() -> None:
         (http2.PREFACE + raw_frame(0, 0, 1, b"\0" * 70_000), http2.FRAME_SIZE_ERROR),  # beyond our frame size
         (http2.PREFACE + raw_frame(5, 0x4, 1, U32.pack(2)), http2.PROTOCOL_ERROR),  # a client pushing
         (http2.PREFACE + raw_frame(1, 0x4, 2, b"\x82"), http2.PROTOCOL_ERROR),  # an even (server's) stream id
+        (http2.PREFACE + raw_frame(8, 0, 0, U32.pack(0)), http2.PROTOCOL_ERROR),  # a window increment of 0
+        (http2.PREFACE + raw_frame(8, 0, 0, U32.pack((1 << 31) - 1)), http2.FLOW_CONTROL_ERROR),  # beyond 2^31-1
     ],
-    ids=["not-http2", "data-on-0", "short-ping", "interrupted-block", "bad-hpack", "frame-too-big", "push", "even"],
+    ids=[
+        "not-http2",
+        "data-on-0",
+        "short-ping",
+        "interrupted-block",
+        "bad-hpack",
+        "frame-too-big",
+        "push",
+        "even",
+        "zero-increment",
+        "window-overflow",
+    ],
 )
 def test_a_connection_error_queues_a_goaway_that_says_why(wire: bytes, code: int) -> None:
     conn = http2.Http2Connection(Recorder(), window_bytes=1 << 20, max_frame_bytes=65_536)
