@@ -28,7 +28,7 @@ from extproc.backends.load import snapshot
 from extproc.backends.registry import EndpointRecord, EndpointRegistry
 from extproc.decision_line import Observed, merged_phases, observe
 from extproc.errors import NoEndpoint, RouterError
-from extproc.kvcache.index import Chain, IndexUnavailable, PrefixIndex
+from extproc.kvcache.index import Chain, GuessIndex, IndexUnavailable, PrefixIndex
 from extproc.kvcache.occupancy import Occupancy
 from extproc.observability import PhaseTimer, RouterMetrics
 from extproc.redis.shared_load import SharedLoadUnavailable, SharedQueue, SharedQueues
@@ -143,7 +143,7 @@ class DeciderDeps:
     registry: EndpointRegistry
     inflight: InflightLoad
     precise: PrefixIndex
-    approx: PrefixIndex
+    approx: GuessIndex  # our own routing's guesses and burst marks
     # the endpoints with a live, trusted, confirmed event stream: taken once per request (one snapshot)
     precise_endpoints: Callable[[], frozenset[EndpointId]]
     profile: Profile
@@ -314,7 +314,7 @@ class LocalDecider:
     async def _match(
         self,
         name: str,
-        index: PrefixIndex,
+        index: GuessIndex,
         hashes: Sequence[BlockHash],
         endpoints: Collection[EndpointId],
         deadline_s: float,

@@ -15,8 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from extproc.config import IndexConfig, RedisIndexConfig
+from extproc.kvcache.chain_index import ChainIndex
 from extproc.kvcache.gate import IndexWrites
-from extproc.kvcache.index import PrefixIndex
+from extproc.kvcache.index import GuessIndex, PrefixIndex
 from extproc.kvcache.memory_index import MemoryPrefixIndex
 from extproc.kvcache.mirrored_index import MirroredIndex
 from extproc.redis.client import client_for
@@ -33,13 +34,13 @@ class Indexes:
     """What the router and the event feed read and write. ``writes``: the precise index as ingest writes it."""
 
     precise: PrefixIndex
-    approx: PrefixIndex
+    approx: GuessIndex
     writes: IndexWrites
     leases: StreamLeases | None = None
     shared_load: SharedLoad | None = None
     counters: list[tuple[str, object]] = field(default_factory=list)  # extra groups for router_kv_<group>_*
     # {"precise" | "approx": the in-memory index whose size can be read without I/O}; a Redis-only index is absent
-    sizes: dict[str, MemoryPrefixIndex] = field(default_factory=dict)
+    sizes: dict[str, MemoryPrefixIndex | ChainIndex] = field(default_factory=dict)
 
     async def close(self) -> None:
         """Close every connection (after the feed stopped writing)."""
@@ -52,11 +53,11 @@ class Indexes:
 def build_indexes(config: IndexConfig, approx_capacity: Capacity, prefill_tokens_per_s: float) -> Indexes:
     """The indexes ``config`` names; nothing connects yet (Redis may be down at start)."""
     if not isinstance(config, RedisIndexConfig):
-        precise, guesses = MemoryPrefixIndex(), MemoryPrefixIndex(capacity_blocks=approx_capacity)
+        precise, guesses = MemoryPrefixIndex(), ChainIndex(capacity_blocks=approx_capacity)
         return Indexes(precise, guesses, writes=precise, sizes={"precise": precise, "approx": guesses})
     client = client_for(config.url, config.timeout_s)
     shared = RedisPrefixIndex(client, namespace=config.namespace, timeout_s=config.timeout_s)
-    local = MemoryPrefixIndex(capacity_blocks=approx_capacity)
+    local = ChainIndex(capacity_blocks=approx_capacity)
     approx = MirroredIndex(
         local,
         RedisPrefixIndex.from_url(config.url, namespace=f"{config.namespace}-approx", timeout_s=config.timeout_s,

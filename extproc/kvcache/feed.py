@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from extproc.kvcache.gate import IndexWrites, WriteGate
-from extproc.kvcache.index import PrefixIndex
+from extproc.kvcache.index import GuessIndex
 from extproc.kvcache.ingest import Ingest
 from extproc.kvcache.subscriber import EventSource, KvEventSubscriber, StreamStatus, SubscriberOptions
 from extproc.types import EndpointId, HashScheme
@@ -37,7 +37,7 @@ class EventFeed:
         self,
         sources: Sequence[EventSource],
         writes: IndexWrites,
-        approx: PrefixIndex,
+        approx: GuessIndex,
         scheme_for: Callable[[EndpointId], HashScheme | None],
         options: SubscriberOptions | None = None,
         leases: Leases | None = None,

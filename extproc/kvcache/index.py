@@ -45,7 +45,12 @@ class Chain:
         return cls(((0, parent),))
 
 
-class PrefixIndex(Protocol):
+class GuessIndex(Protocol):
+    """What the approximate index must do: every ``PrefixIndex`` operation but ``remove``. Our own routing writes
+    it, always a prompt's blocks from its first (``Chain.from_root()``), and purges clear it; nothing removes
+    single blocks (engines' evictions reach the precise index). Every ``PrefixIndex`` is one; ``ChainIndex`` is
+    only this."""
+
     async def match(self, hashes: Sequence[BlockHash], endpoints: Collection[EndpointId]) -> Mapping[EndpointId, int]:
         """For each of ``endpoints``, how many *leading* blocks of ``hashes`` it holds (a run from block 0).
         ``hashes`` are a prompt's block hashes from its first block (every caller's are); a backend given
@@ -71,16 +76,20 @@ class PrefixIndex(Protocol):
         """
         ...
 
-    async def remove(self, endpoint: EndpointId, hashes: Sequence[BlockHash]) -> None:
-        """Forget ``hashes`` on ``endpoint`` (an engine evicted them)."""
-        ...
-
     async def clear(self, endpoint: EndpointId) -> None:
         """Forget everything on ``endpoint`` (reset, restart, gap without replay). Costs O(its entries)."""
         ...
 
     async def close(self) -> None:
         """Release connections; the index is unusable afterwards."""
+        ...
+
+
+class PrefixIndex(GuessIndex, Protocol):
+    """An index engines' events can keep (the precise one): a ``GuessIndex`` that also forgets single blocks."""
+
+    async def remove(self, endpoint: EndpointId, hashes: Sequence[BlockHash]) -> None:
+        """Forget ``hashes`` on ``endpoint`` (an engine evicted them)."""
         ...
 
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from extproc.kvcache.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, KvEvent
 from extproc.kvcache.gate import IndexWrites
 from extproc.kvcache.hashing import BlockHasher
-from extproc.kvcache.index import Chain, IndexUnavailable, PrefixIndex
+from extproc.kvcache.index import Chain, GuessIndex, IndexUnavailable
 from extproc.types import BlockHash, EndpointId, HashScheme
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ class Ingest:
         index: IndexWrites,
         scheme_for: Callable[[EndpointId], HashScheme | None],
         *,
-        approx: PrefixIndex | None = None,
+        approx: GuessIndex | None = None,
     ) -> None:
         """``approx``: our own guesses about the same endpoints, cleared by real purges (module docstring)."""
         self.index = index

@@ -48,6 +48,14 @@ from extproc.types import BlockHash, EndpointId
 CapacityFn = Callable[[EndpointId], int | None]
 """Per-endpoint capacity in blocks (``None`` = unbounded), e.g. the endpoint's ``num_gpu_blocks``."""
 
+
+def capacity_of(capacity: int | CapacityFn | None, endpoint: EndpointId) -> int | None:
+    """``endpoint``'s bound in blocks under a ``capacity_blocks`` setting (``None``: unbounded)."""
+    if capacity is None or isinstance(capacity, int):
+        return capacity
+    return capacity(endpoint)
+
+
 _ABSENT = -1.0  # sentinel for OrderedDict.pop (real values are expiries)
 
 
@@ -171,7 +179,7 @@ class MemoryPrefixIndex:
             lru[h] = expires
             if late:
                 heapq.heappush(ep.late, (expires, h))
-        cap = self._capacity_for(endpoint)
+        cap = capacity_of(self._capacity, endpoint)
         if cap is not None:
             while len(lru) > cap:
                 self._unset(lru.popitem(last=False)[0], bit)
@@ -214,12 +222,6 @@ class MemoryPrefixIndex:
         return len(self._masks)
 
     # -- internals ---------------------------------------------------------------------------------------------
-
-    def _capacity_for(self, endpoint: EndpointId) -> int | None:
-        cap = self._capacity
-        if cap is None or isinstance(cap, int):
-            return cap
-        return cap(endpoint)
 
     def _add_endpoint(self, endpoint: EndpointId) -> _Endpoint:
         if self._free_bits:

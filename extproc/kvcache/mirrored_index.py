@@ -13,7 +13,7 @@ import logging
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from extproc.kvcache.index import Chain, IndexUnavailable, PrefixIndex
+from extproc.kvcache.index import Chain, GuessIndex, IndexUnavailable
 from extproc.tasks import stop_task, within_or_orphan
 from extproc.types import BlockHash, EndpointId
 
@@ -21,9 +21,9 @@ log = logging.getLogger(__name__)
 
 
 class MirroredIndex:
-    """A ``PrefixIndex`` over ``local`` (authoritative for availability) and ``shared`` (best effort)."""
+    """A ``GuessIndex`` over ``local`` (authoritative for availability) and ``shared`` (best effort)."""
 
-    def __init__(self, local: PrefixIndex, shared: PrefixIndex, *, shared_timeout_s: float) -> None:
+    def __init__(self, local: GuessIndex, shared: GuessIndex, *, shared_timeout_s: float) -> None:
         self._local = local
         self._shared = shared
         self._timeout_s = shared_timeout_s  # below the router's lookup deadline, so local guesses always count
@@ -53,10 +53,6 @@ class MirroredIndex:
     ) -> None:
         await self._local.store(endpoint, hashes, ttl_s=ttl_s, chain=chain)
         await self._quietly(self._shared.store(endpoint, hashes, ttl_s=ttl_s, chain=chain))
-
-    async def remove(self, endpoint: EndpointId, hashes: Sequence[BlockHash]) -> None:
-        await self._local.remove(endpoint, hashes)
-        await self._quietly(self._shared.remove(endpoint, hashes))
 
     async def clear(self, endpoint: EndpointId) -> None:
         await self._local.clear(endpoint)
