@@ -1,6 +1,9 @@
 """The hot set a copy must not evict: blocks hit since fewer than ``capacity`` blocks were stored."""
 
 import asyncio
+import itertools
+import random
+from collections import OrderedDict
 
 import pytest
 
@@ -105,3 +108,67 @@ def test_the_writes_keep_the_hot_set_to_what_the_engine_holds() -> None:
     assert hot.hot(A) == 0 and hot.hits(A, first_run[1][-1]) == 0
     hot.routed(A, first_run[1], cached_blocks=0, placed=True)  # the next run's first home there
     assert hot.hot(A) == 108
+
+
+class PerBlock:
+    """The hot set by its definition, block by block: each hit refreshes every block of its path (the root last:
+    the most recently useful) and counts one more hit on its first ``cached`` blocks; the least recent go first,
+    every block hit ``capacity`` stored blocks ago or more, then the oldest beyond ``capacity``."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity, self.stored = capacity, 0
+        self.last_hit: OrderedDict[BlockHash, int] = OrderedDict()  # oldest first
+        self.counts: dict[BlockHash, int] = {}
+
+    def routed(self, hashes: list[BlockHash], cached: int, placed: bool) -> None:
+        self.stored += max(len(hashes) - cached, 0)
+        path = hashes if placed else hashes[:cached]
+        for i in reversed(range(len(path))):
+            self.last_hit[path[i]] = self.stored
+            self.last_hit.move_to_end(path[i])
+            self.counts[path[i]] = self.counts.get(path[i], 0) + (i < cached)
+        while self.last_hit:
+            oldest, at = next(iter(self.last_hit.items()))
+            if self.stored - at < self.capacity and len(self.last_hit) <= self.capacity:
+                break
+            del self.last_hit[oldest]
+            del self.counts[oldest]
+
+
+def _paths(rng: random.Random) -> list[list[BlockHash]]:
+    """Prompts over a random tree: shared prefixes, branches, extensions of each other (distinct block ids)."""
+    ids = itertools.count(1)
+    paths = [[BlockHash(next(ids)) for _ in range(rng.randint(1, 6))]]
+    for _ in range(12):
+        base = rng.choice(paths)
+        cut = rng.randint(0, len(base))
+        paths.append(base[:cut] + [BlockHash(next(ids)) for _ in range(rng.randint(1, 8))])
+    return paths
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_tree_of_runs_keeps_what_the_per_block_definition_keeps(seed: int) -> None:
+    rng = random.Random(seed)
+    capacity = rng.choice([4, 9, 16, 40])
+    ours, model = HotBlocks(lambda e: capacity), PerBlock(capacity)
+    paths = _paths(rng)
+    universe = sorted(set().union(*paths))
+    for step in range(150):
+        path = rng.choice(paths)
+        path = path[: rng.randint(1, len(path))]
+        cached, placed = rng.randint(0, len(path)), rng.random() < 0.3
+        ours.routed(A, path, cached, placed=placed)
+        model.routed(path, cached, placed)
+        assert ours.hot(A) == len(model.last_hit), f"step {step}"
+        assert [ours.hits(A, b) for b in universe] == [model.counts.get(b, 0) for b in universe], f"step {step}"
+
+
+def test_an_evicted_block_takes_the_rest_of_its_paths_along() -> None:
+    hot = HotBlocks(lambda e: 100)
+    shared, a, b = hashes(0, 10), hashes(100, 5), hashes(200, 5)
+    hot.routed(A, shared + a, cached_blocks=15, placed=False)
+    hot.routed(A, shared + b, cached_blocks=15, placed=False)
+    hot.removed(A, [shared[7]])  # a hole at 7: nothing after it can be hit
+    assert (hot.hot(A), hot.hits(A, shared[6]), hot.hits(A, a[0]), hot.hits(A, b[-1])) == (7, 2, 0, 0)
+    hot.routed(A, shared + a, cached_blocks=7, placed=False)  # what still hits
+    assert (hot.hot(A), hot.hits(A, shared[6])) == (7, 3)
