@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from array import array
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -105,3 +106,32 @@ def test_the_cache_stays_within_its_budget() -> None:
         cached.hash_blocks([rng.randrange(1000) for _ in range(16 * CHUNK_BLOCKS)])
     assert 0 < cached.stats.bytes <= 64 * 1024
     assert cached.stats.miss_blocks == 50 * CHUNK_BLOCKS
+
+
+def test_growing_sessions_recall_their_whole_chunks_in_one_step_and_stay_one_entry_each() -> None:
+    scheme = HashScheme(block_size=16)
+    cached, plain = CachedHasher(BlockHasher(scheme)), BlockHasher(scheme)
+    rng = random.Random(2)
+    tools = [rng.randrange(150_000) for _ in range(16 * CHUNK_BLOCKS * 2)]  # two chunks every session shares
+    sessions = [tools + [rng.randrange(150_000) for _ in range(16 * CHUNK_BLOCKS * 3)] for _ in range(3)]
+    for turn in range(6):
+        for s, context in enumerate(sessions):
+            sessions[s] = context + [rng.randrange(150_000) for _ in range(rng.randint(20, 700))]
+            pending = cached.start(sessions[s])
+            whole = (len(context) // 16) // CHUNK_BLOCKS * CHUNK_BLOCKS
+            if turn:  # the previous turn's whole chunks at least, from the remembered turn (never walked)
+                assert len(pending.known) >= whole and pending._recalled is not None
+            assert cached.finish(pending) == plain.hash_blocks(sessions[s])
+    assert len(cached._prompts) == 3  # each session's latest turn replaced its earlier ones
+
+
+@pytest.mark.parametrize("edit_at", [0, 16 * CHUNK_BLOCKS * 4 + 3, 16 * CHUNK_BLOCKS * 5 - 1, -1])
+def test_a_remembered_prompt_edited_anywhere_hashes_as_the_plain_hasher(edit_at: int) -> None:
+    scheme = HashScheme(block_size=16, algo="sha256_cbor")
+    cached = CachedHasher(BlockHasher(scheme))
+    doc = list(range(16 * CHUNK_BLOCKS * 6 + 5))
+    cached.hash_blocks(doc)
+    edited = doc.copy()
+    edited[edit_at] += 1
+    for prompt in (edited, doc[: 16 * CHUNK_BLOCKS * 5], doc + [1, 2, 3] * 40, doc):
+        assert cached.hash_blocks(prompt) == BlockHasher(scheme).hash_blocks(prompt)
