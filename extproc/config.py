@@ -475,6 +475,13 @@ class TokenizerConfig(_Strict):
     segment_cache_mib: int = Field(
         64, ge=0, description="fast encoder: cache of text between added tokens, reused across requests; 0 = off"
     )
+    checkpoint_cache_mib: int = Field(
+        32,
+        ge=0,
+        description="fast encoder: long texts remembered with their tokens at cuts (a line break before a letter) "
+        "every 4K characters, so a long message that changed near its end is encoded from its last shared cut; "
+        "0 = off",
+    )
     verify_fraction: float = Field(
         0.01,
         ge=0,

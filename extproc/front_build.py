@@ -97,7 +97,11 @@ def build_front(
     hasher = HasherCache(config.tokenizer.hash_cache_mib << 20)
     metrics.registry.register(
         TokenizerCollector(
-            preparer.tokenizers.encoders, preparer.tokenizers.segment_stats, hasher.stats, preparer.tokenizers.renderers
+            preparer.tokenizers.encoders,
+            preparer.tokenizers.segment_stats,
+            hasher.stats,
+            preparer.tokenizers.renderers,
+            preparer.tokenizers.checkpoint_stats,
         )
     )
     diagnostics = _diagnostics(config, metrics)

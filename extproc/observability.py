@@ -213,11 +213,13 @@ class TokenizerCollector(Collector):
         segment_stats: Callable[[], dict[str, dict[str, int]]],
         hash_stats: Callable[[], Iterable[tuple[str, object]]],
         renderers: Callable[[], Iterable[EncoderInfo]] = list,
+        checkpoint_stats: Callable[[], dict[str, object]] = dict,
     ) -> None:
         self._encoders = encoders
         self._segment_stats = segment_stats
         self._hash_stats = hash_stats
         self._renderers = renderers
+        self._checkpoint_stats = checkpoint_stats
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         yield from _choice_gauges(self._encoders(), "tokenizer_encoder", "encoder", "tokenizer_fallback", "HF")
@@ -233,13 +235,31 @@ class TokenizerCollector(Collector):
                 family.add_metric([model], counts.get(key, 0))
             yield family
         hashes = list(self._hash_stats())
-        for key, kind in (("hit_blocks", "counter"), ("miss_blocks", "counter"), ("entries", "gauge"),
-                          ("bytes", "gauge")):  # fmt: skip
-            name, doc = f"router_hash_cache_{key}", f"block-hash prefix cache: {key}"
-            family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(name, doc, labels=["scheme"])
-            for scheme, stats in hashes:
-                family.add_metric([scheme], getattr(stats, key))
-            yield family
+        yield from _stats_families(
+            "router_hash_cache", "block-hash prefix cache", "scheme", hashes, ("hit_blocks", "miss_blocks")
+        )
+        checkpoints = list(self._checkpoint_stats().items())
+        yield from _stats_families(
+            "router_tokenizer_checkpoints", "fast encoder checkpoints of long texts", "model", checkpoints,
+            ("hits", "misses", "reused_tokens", "encoded_tokens"),
+        )  # fmt: skip
+
+
+def _stats_families(
+    prefix: str,
+    doc: str,
+    label: str,
+    stats: list[tuple[str, object]],
+    counters: tuple[str, ...],
+    gauges: tuple[str, ...] = ("entries", "bytes"),
+) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    """One family per attribute of ``stats``' objects (``(label value, object)`` pairs): counters, then gauges."""
+    for key in (*counters, *gauges):
+        kind = CounterMetricFamily if key in counters else GaugeMetricFamily
+        family = kind(f"{prefix}_{key}", f"{doc}: {key}", labels=[label])
+        for value, obj in stats:
+            family.add_metric([value], getattr(obj, key))
+        yield family
 
 
 class PhaseTimer:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
+from extproc.prompt.checkpoints import CheckpointStats, TextCheckpoints
 from extproc.prompt.shadow import ShadowCheck
 
 __all__ = [
@@ -84,13 +85,15 @@ class FastEncoder:
 
     ``segment_cache_bytes`` > 0 turns on its segment cache (text between added tokens, reused across
     requests; stated identical to encoding without it, and covered by ``self_check`` and ``ShadowCheck`` like
-    everything else).
+    everything else). ``enable_checkpoints`` turns on ours for long texts that change near their end
+    (``checkpoints.py``).
     """
 
     name = ENCODER_FAST
 
     def __init__(self, native: Any) -> None:
         self._native = native
+        self._checkpoints: TextCheckpoints | None = None
 
     @classmethod
     def from_hf(
@@ -120,10 +123,28 @@ class FastEncoder:
         return cls(native)
 
     def encode(self, text: str, *, add_special_tokens: bool) -> TokenIds:
+        if self._checkpoints is not None and not add_special_tokens:
+            return self._checkpoints.encode(text)
+        return self._encode_whole(text, add_special_tokens)
+
+    def encode_whole(self, text: str) -> array[int]:
+        """``text``'s tokens without special tokens, encoded in one call (no checkpoints)."""
+        return self._encode_whole(text, False)
+
+    def _encode_whole(self, text: str, add_special_tokens: bool) -> array[int]:
         flat, _offsets = self._native.encode_batch_flat([text], add_special_tokens=add_special_tokens)
         ids = array("I")
         ids.frombytes(flat)  # little-endian uint32, as documented; this machine's order (checked at import)
         return ids
+
+    def enable_checkpoints(self, max_bytes: int) -> None:
+        """Encode long texts from the last checkpoint they share with a remembered one (``max_bytes`` of them; 0:
+        off). Only for an encoder that ``checkpoints.cut_difference`` found no difference for."""
+        self._checkpoints = TextCheckpoints(self.encode_whole, max_bytes=max_bytes) if max_bytes > 0 else None
+
+    def checkpoint_stats(self) -> CheckpointStats | None:
+        """The checkpoints' counters, or None when they are off."""
+        return self._checkpoints.stats if self._checkpoints is not None else None
 
     def clear_cache(self) -> None:
         """Empty the segment cache (keeping its budget), e.g. between benchmark shapes; no-op when off."""

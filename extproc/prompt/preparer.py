@@ -134,7 +134,7 @@ def build_preparer(
     tok = config.tokenizer
     encoders = EncoderSettings(
         fast=tok.encoder == "auto", fast_templates=tok.renderer == "auto",
-        segment_cache_bytes=tok.segment_cache_mib << 20, shadow=shadow,
+        segment_cache_bytes=tok.segment_cache_mib << 20, checkpoint_bytes=tok.checkpoint_cache_mib << 20, shadow=shadow,
     )  # fmt: skip
     tokenizers = TokenizerRegistry(base_dir / config.tokenizer_cache_dir, encoders=encoders)
     prompt_tokenizer = PromptTokenizer(

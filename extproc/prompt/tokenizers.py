@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from extproc.prompt.checkpoints import cut_difference
 from extproc.prompt.encoders import (
     ENCODER_FAST,
     EncoderChoice,
@@ -68,6 +69,7 @@ class EncoderSettings:
     fast: bool = True  # use a fast encoder where one loads and passes the self-check
     fast_templates: bool = True  # render chat templates with templates.FastTemplate where it passes its self-check
     segment_cache_bytes: int = 64 << 20  # the fast encoder's segment cache; 0 = off
+    checkpoint_bytes: int = 32 << 20  # the fast encoder's checkpoints of long texts (checkpoints.py); 0 = off
     shadow: ShadowCheck | None = None  # sampled live comparison with HF (encodings and renders)
     head_start: Callable[[Path], NativeHeadStart | None] = NativeHeadStart.for_folder  # begun before the HF load
     make_fast: Callable[[Any, int, NativeHeadStart | None], TextEncoder | None] = lambda tokenizer, cache_bytes, head: (
@@ -154,6 +156,15 @@ class TokenizerRegistry:
                 out[choice.model] = stats
         return out
 
+    def checkpoint_stats(self) -> dict[str, object]:
+        """{model: its fast encoder's checkpoint counters (``checkpoints.CheckpointStats``)} where they are on."""
+        out: dict[str, object] = {}
+        for choice in self.encoders():
+            stats = choice.fast.checkpoint_stats() if isinstance(choice.fast, FastEncoder) else None
+            if stats is not None:
+                out[choice.model] = stats
+        return out
+
     def preload(self, models: list[BaseModel]) -> dict[str, str]:
         """Load every model now (at startup, off the loop); returns {model name: error} for the failures."""
         errors: dict[str, str] = {}
@@ -191,12 +202,19 @@ class TokenizerRegistry:
         if fast is None:
             return choice
         added = [str(getattr(t, "content", t)) for t in getattr(tokenizer, "added_tokens_decoder", {}).values()]
-        difference = self_check(fast, reference, check_corpus(added))
+        corpus = check_corpus(added)
+        difference = self_check(fast, reference, corpus)
         choice.fast = fast
         if difference is not None:
             choice.fall_back(f"start-up self-check: {difference}")
-        else:
-            log.info("model %s: tokenizing with %s (equal to HF tokenizers on the self-check corpus)", name, fast.name)
+            return choice
+        log.info("model %s: tokenizing with %s (equal to HF tokenizers on the self-check corpus)", name, fast.name)
+        if isinstance(fast, FastEncoder) and self._encoders.checkpoint_bytes > 0:
+            cut = cut_difference(fast.encode_whole, corpus)
+            if cut is None:
+                fast.enable_checkpoints(self._encoders.checkpoint_bytes)
+            else:
+                log.info("model %s: long texts encoded whole (a line break before a letter is no cut: %s)", name, cut)
         return choice
 
 

@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 
 from bench.stack_config import REPO
 from extproc.prompt import tokenizer_cache as tc
+from extproc.prompt.checkpoints import CheckpointStats
 from extproc.prompt.encoders import (
     ENCODER_FAST,
     ENCODER_HF,
@@ -398,6 +399,42 @@ def test_long_rendered_chat(families: Families, family: Family, target: int) -> 
     assert_equal(loaded, text, loaded.fast, loaded.cached)
     longer = text + _prose(random.Random(target), 2_000)  # the same chat, grown: the cache's case
     assert_equal(loaded, longer, loaded.cached, loaded.fast)
+
+
+# Where the checkpoint cut rule (extproc/prompt/checkpoints.py) holds: the GPT-style split regexes. The
+# SentencePiece layout prepends a marker to every text it encodes, so a text's second part differs alone.
+CHECKPOINTS = {"qwen3": True, "llama3": True, "spm-normalizer": False, "token-flags": True}
+
+
+@fast_families
+def test_checkpoints_only_where_the_cut_rule_holds(families: Families, family: Family) -> None:
+    loaded = families.get(family)
+    assert (loaded.cached.checkpoint_stats() is not None) == CHECKPOINTS[family.id]
+
+
+checkpoint_families = pytest.mark.parametrize(
+    "family", [f for f in FAST_FAMILIES if CHECKPOINTS[f.id]], ids=[f.id for f in FAST_FAMILIES if CHECKPOINTS[f.id]]
+)
+
+
+@checkpoint_families
+@settings(PROPERTY, max_examples=30)  # each example encodes ~8 texts of 26K characters with HF
+@given(data=st.data())
+def test_checkpoints_in_any_order(families: Families, family: Family, data: st.DataObject) -> None:
+    """Long texts sharing a prefix up to anywhere (a cut, just before or after one, mid-word), each with its own
+    adversarial tail, encoded in a drawn order, twice: identical to HF every time (texts persist across examples)."""
+    loaded = families.get(family)
+    rng = random.Random(data.draw(st.integers(0, 3), label="document"))
+    base = _prose(rng, 17_000) + data.draw(texts(loaded.specials), label="middle") + _prose(rng, 9_000)
+    ends = data.draw(st.lists(st.integers(17_000, len(base)), min_size=2, max_size=4), label="shared up to")
+    variants = [base[:end] + data.draw(texts(loaded.specials), label="tail") for end in ends]
+    for text in data.draw(st.permutations(variants + variants), label="order"):
+        ours, ref = (
+            list(loaded.cached.encode(text, add_special_tokens=False)),
+            list(loaded.hf.encode(text, add_special_tokens=False)),
+        )
+        assert ours == ref, f"{family.id}: {len(ours)} vs {len(ref)} ids ({len(text)} chars)"
+    assert (loaded.cached.checkpoint_stats() or CheckpointStats()).hits > 0
 
 
 def test_metaspace_runs_on_hf(families: Families) -> None:

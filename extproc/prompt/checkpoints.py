@@ -1,0 +1,202 @@
+"""Long texts encoded again from their last shared *checkpoint*: a document asked again with a new question.
+
+The fast encoder's segment cache reuses the text between added tokens. A long message that changes near its
+end (a document followed by a new question in the same message, a file that grows) is one such segment, and was
+encoded whole on every request (~0.8 ms at 32K tokens). ``TextCheckpoints`` remembers long texts with cuts every
+``interval_chars``, and the tokens before each cut. A new text that starts with a remembered one's prefix up to
+a cut is encoded as those tokens followed by the encoding of its own rest.
+
+A cut is a position ``c`` after a line break and before a letter, or after a sentence mark (``.,;:!?``) and
+before a space and a letter (``CUT``). For the byte-level BPE tokenizers with GPT-style split regexes (Qwen,
+Llama 3) the encoding of ``text`` is then the encoding of ``text[:c]`` followed by that of ``text[c:]``: no
+pre-tokenizer piece contains either pair (a letter run may be preceded by one character that is neither a line
+break nor the start of a punctuation run it ends; punctuation runs end before a space; whitespace runs end at
+the line break or before it), the NFC normalizer composes nothing onto a letter or a space, and no added token
+spans them. That is an argument about some tokenizer.json files, not all (SentencePiece's Metaspace prepends a
+space to the text after the cut), so it is checked per model: ``cut_difference`` encodes the start-up check
+corpus whole and cut at every such position, and a model that differs once runs without checkpoints. The shadow
+check (``shadow.ShadowCheck``) re-encodes sampled live requests with HF tokenizers, checkpoints included.
+
+Lookup: texts are filed under their first ``_KEY_CHARS`` characters (before the first cut, so every text that
+shares a cut shares the key); the deepest cut a new text shares is a bisection of ``startswith`` compares
+(memory compares, no hashing). Bounded by ``max_bytes`` (least recently used texts go first); thread-safe.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+__all__ = ["CUT", "CheckpointStats", "TextCheckpoints", "cut_difference"]
+
+CUT = re.compile(r"[\r\n](?=[^\W\d_])|[.,;:!?](?= [^\W\d_])")
+"""After a line break followed by a letter, or after a sentence mark followed by a space and a letter: the cut is
+at the match's end."""
+_KEY_CHARS = 1024  # texts are filed under their first this many characters (cuts lie beyond)
+_PER_KEY = 8  # remembered texts per key (most recently used first)
+_NEW_CUTS = 2  # a text is remembered when it has this many cuts past the remembered one it shares most with
+_TEXT_OVERHEAD_BYTES = 400  # record, lists, dict slots: a rough per-text cost beyond its characters and ids
+
+Encode = Callable[[str], "array[int]"]
+
+
+@dataclass(eq=False, slots=True)
+class _Text:
+    text: str
+    cuts: list[int]  # checkpoint positions, ascending, each past _KEY_CHARS
+    counts: list[int]  # tokens of text[: cuts[i]]
+    ids: array[int]  # tokens of the whole text
+    size_bytes: int
+
+
+@dataclass
+class CheckpointStats:
+    """Counters since start: texts encoded from a checkpoint (``hits``) or whole (``misses``), the tokens taken
+    from checkpoints and those encoded; the remembered texts and their bytes now."""
+
+    hits: int = 0
+    misses: int = 0
+    reused_tokens: int = 0
+    encoded_tokens: int = 0
+    entries: int = 0
+    bytes: int = 0
+
+
+class TextCheckpoints:
+    """Remembered long texts and their tokens at cuts (module docstring); ``encode`` is exact where ``encode_whole``
+    (the fast encoder without special tokens) obeys ``CUT``, which ``cut_difference`` checks."""
+
+    def __init__(
+        self, encode_whole: Encode, *, max_bytes: int, min_chars: int = 16384, interval_chars: int = 4096
+    ) -> None:
+        if interval_chars <= _KEY_CHARS or min_chars < interval_chars:
+            raise ValueError("checkpoints need interval_chars > 1024 and min_chars >= interval_chars")
+        self._encode = encode_whole
+        self._max_bytes = max_bytes
+        self._min_chars = min_chars
+        self._interval = interval_chars
+        self._texts: OrderedDict[_Text, None] = OrderedDict()  # least recently used first
+        self._by_key: dict[str, list[_Text]] = {}  # most recently used first
+        self._lock = threading.Lock()
+        self.stats = CheckpointStats()
+
+    def encode(self, text: str) -> array[int]:
+        """The tokens of ``text`` (no special tokens added): from the deepest remembered cut it shares, then its
+        own rest encoded piece by piece at its own cuts (each piece at most ``interval_chars`` past one)."""
+        if len(text) < self._min_chars:
+            return self._encode(text)
+        key = text[:_KEY_CHARS]
+        with self._lock:
+            base, at = self._deepest(key, text)
+        if base is None:
+            cuts, counts, ids = [], [], array("I")
+        else:
+            cuts, counts = base.cuts[: at + 1], base.counts[: at + 1]
+            ids = base.ids[: counts[-1]]
+        start = cuts[-1] if cuts else 0
+        reused, shared = len(ids), len(cuts)
+        for cut in [*self._cuts(text, start), len(text)]:
+            ids += self._encode(text[start:cut])
+            if cut < len(text):
+                cuts.append(cut)
+                counts.append(len(ids))
+            start = cut
+        self._remember(_Text(text, cuts, counts, ids, 0), key, base, reused, len(cuts) - shared)
+        return ids
+
+    def _deepest(self, key: str, text: str) -> tuple[_Text | None, int]:
+        """The remembered text whose cut ``text`` shares deepest, and that cut's index (a letter must follow it in
+        ``text`` too). Under the lock."""
+        best: _Text | None = None
+        best_at = -1
+        for known in self._by_key.get(key, ()):
+            at = _shared_cuts(text, known) - 1
+            while at >= 0 and not _letter_at(text, known.cuts[at]):
+                at -= 1
+            if at >= 0 and (best is None or known.cuts[at] > best.cuts[best_at]):
+                best, best_at = known, at
+                if at == len(known.cuts) - 1:
+                    break  # shares every cut of the most recently used text: as deep as it gets, in practice
+        if best is not None:
+            self._texts.move_to_end(best)
+            same_key = self._by_key[key]
+            same_key.remove(best)
+            same_key.insert(0, best)
+        return best, best_at
+
+    def _cuts(self, text: str, start: int) -> list[int]:
+        """Cuts of ``text`` after ``start``, each the first at least ``interval_chars`` past the one before."""
+        cuts, at = [], start
+        while (match := CUT.search(text, at + self._interval)) is not None and match.end() < len(text):
+            at = match.end()
+            cuts.append(at)
+        return cuts
+
+    def _remember(self, record: _Text, key: str, base: _Text | None, reused: int, new_cuts: int) -> None:
+        record.size_bytes = 2 * len(record.text) + 4 * len(record.ids) + 16 * len(record.cuts) + _TEXT_OVERHEAD_BYTES
+        with self._lock:
+            stats = self.stats
+            stats.hits += base is not None
+            stats.misses += base is None
+            stats.reused_tokens += reused
+            stats.encoded_tokens += len(record.ids) - reused
+            if new_cuts < _NEW_CUTS or record.size_bytes > self._max_bytes:
+                return  # a text that added fewer is encoded from the cuts it shares with ``base`` anyway
+            if base is not None and base in self._texts and record.text.startswith(base.text):
+                self._forget(base)  # a text that grew replaces what it extends
+            same_key = self._by_key.setdefault(key, [])
+            same_key.insert(0, record)
+            self._texts[record] = None
+            stats.bytes += record.size_bytes
+            if len(same_key) > _PER_KEY:
+                self._forget(same_key[-1])
+            while stats.bytes > self._max_bytes:
+                self._forget(next(iter(self._texts)))
+            stats.entries = len(self._texts)
+
+    def _forget(self, record: _Text) -> None:
+        del self._texts[record]
+        key = record.text[:_KEY_CHARS]
+        same_key = self._by_key[key]
+        same_key.remove(record)
+        if not same_key:
+            del self._by_key[key]
+        self.stats.bytes -= record.size_bytes
+        self.stats.entries = len(self._texts)
+
+
+def _shared_cuts(text: str, known: _Text) -> int:
+    """How many of ``known``'s cuts ``text`` shares (starts with ``known.text`` up to them): a bisection that
+    compares each stretch of text once it is known to match up to its start (~2x the text, not log x)."""
+    cuts, other = known.cuts, known.text
+    lo, hi, matched = 0, len(cuts), 0  # cuts[:lo] shared, cuts[hi:] not; text[:matched] == other[:matched]
+    if hi and text[: cuts[-1]] == other[: cuts[-1]]:
+        return hi
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if text[matched : cuts[mid]] == other[matched : cuts[mid]]:
+            lo, matched = mid + 1, cuts[mid]
+        else:
+            hi = mid
+    return lo
+
+
+def _letter_at(text: str, at: int) -> bool:
+    return at < len(text) and CUT.match(text, at - 1) is not None
+
+
+def cut_difference(encode_whole: Encode, texts: Iterable[str]) -> str | None:
+    """None when ``encode_whole`` (no special tokens) encodes every text as its parts before and after each of its
+    ``CUT`` positions; else the first difference, described without the text."""
+    for i, text in enumerate(texts):
+        whole = list(encode_whole(text))
+        for match in CUT.finditer(text):
+            cut = match.end()
+            parts = list(encode_whole(text[:cut])) + list(encode_whole(text[cut:]))
+            if parts != whole:
+                return f"corpus text {i} ({len(text)} chars) cut at {cut}: {len(parts)} vs {len(whole)} tokens"
+    return None
