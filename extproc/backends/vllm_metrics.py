@@ -3,12 +3,18 @@
 Parses only the lines we need from the Prometheus text format, without a general parser: a scrape every
 ~100 ms per endpoint must cost microseconds, not milliseconds. Values are summed over ``engine`` labels
 (data-parallel ranks); KV usage is averaged over them.
+
+vLLM's page is ~60 KB (650 lines, most of them histogram buckets we never read). prometheus_client writes each
+metric family as one block that begins with its ``# HELP <name> ...`` line, so the page is split at those lines
+(one C pass) and only the blocks we read are split into lines: ~2x cheaper than looking at every line. A page
+without ``# HELP`` lines for the load gauges (a hand-written or other exporter's) is read line by line.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 RUNNING = "vllm:num_requests_running"
@@ -45,6 +51,12 @@ _WANTED = (
     TTFT_COUNT,
     DECODE_COUNT,
 )
+# {a name a ``# HELP`` line may give the family of one of _WANTED's samples: those samples}. prometheus_client
+# names a counter's family with ``_total`` (0.26) or without (older), a histogram's without ``_sum``/``_count``.
+_FAMILIES: dict[str, tuple[str, ...]] = {}
+for _sample in _WANTED:
+    for _family in {_sample, _sample.removesuffix("_total").removesuffix("_sum").removesuffix("_count")}:
+        _FAMILIES[_family] = (*_FAMILIES.get(_family, ()), _sample)
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
@@ -98,34 +110,63 @@ def _split(line: str) -> tuple[str, dict[str, str], float]:
     return name, labels, float(value)
 
 
+@dataclass
+class _Seen:
+    """The wanted samples of one page: sums and counts per name, model names, the two info metrics' labels."""
+
+    sums: dict[str, float]
+    counts: dict[str, int]
+    models: set[str]
+    cache_labels: dict[str, str]
+    lora_labels: dict[str, str]
+
+
+def _read(lines: Iterable[str]) -> _Seen:
+    seen = _Seen({}, {}, set(), {}, {})
+    for line in lines:
+        name, labels, value = _split(line)
+        if name not in _WANTED:
+            continue
+        if "model_name" in labels:
+            seen.models.add(labels["model_name"])
+        if name == CACHE_CONFIG:
+            seen.cache_labels = labels
+        elif name == LORA_INFO:
+            seen.lora_labels = labels
+        seen.sums[name] = seen.sums.get(name, 0.0) + value
+        seen.counts[name] = seen.counts.get(name, 0) + 1
+    return seen
+
+
+def _family_lines(text: str) -> Iterator[str]:
+    """The lines of the wanted samples, from their families' blocks (module docstring)."""
+    for block in text.split("# HELP ")[1:]:
+        samples = _FAMILIES.get(block[: block.find(" ")])
+        if samples is not None:
+            for line in block.splitlines()[1:]:  # the first is the HELP line's rest: "<name> <help text>"
+                if line.startswith(samples):
+                    yield line
+
+
 def _csv(value: str | None) -> frozenset[str]:
     return frozenset(x for x in (value or "").split(",") if x)
 
 
 def parse_metrics(text: str) -> EngineMetrics:
     """Parse a vLLM ``/metrics`` page. Raises ``MetricsParseError`` if the load gauges are absent or bad."""
-    sums: dict[str, float] = {}
-    counts: dict[str, int] = {}
-    models: set[str] = set()
-    cache_labels: dict[str, str] = {}
-    lora_labels: dict[str, str] = {}
     try:
-        for line in text.splitlines():
-            if not line.startswith("vllm:") or not line.startswith(_WANTED):
-                continue
-            name, labels, value = _split(line)
-            if name not in _WANTED:
-                continue
-            if "model_name" in labels:
-                models.add(labels["model_name"])
-            if name == CACHE_CONFIG:
-                cache_labels = labels
-            elif name == LORA_INFO:
-                lora_labels = labels
-            sums[name] = sums.get(name, 0.0) + value
-            counts[name] = counts.get(name, 0) + 1
+        seen = _read(_family_lines(text))
+        if RUNNING not in seen.sums or WAITING not in seen.sums:
+            seen = _read(line for line in text.splitlines() if line.startswith("vllm:") and line.startswith(_WANTED))
     except (ValueError, IndexError) as exc:
         raise MetricsParseError(f"unparsable metrics line: {exc}") from exc
+    sums, counts, models, cache_labels, lora_labels = (
+        seen.sums,
+        seen.counts,
+        seen.models,
+        seen.cache_labels,
+        seen.lora_labels,
+    )
     if RUNNING not in sums or WAITING not in sums:
         raise MetricsParseError("not a vLLM metrics page: no running/waiting gauges")
     kv_name = KV_USAGE if KV_USAGE in sums else OLD_KV_USAGE

@@ -1,5 +1,8 @@
+import random
+
 import pytest
 
+from extproc.backends import vllm_metrics as vm
 from extproc.backends.vllm_metrics import MetricsParseError, parse_metrics
 
 PAGE = """\
@@ -70,3 +73,40 @@ def test_request_phase_histograms_are_read_as_sum_and_count() -> None:
     assert m.decode_time is not None and (m.decode_time.seconds, m.decode_time.requests) == (6.0, 3.0)
     assert m.queue_time is None
     assert parse_metrics(PAGE).prefill_time is None
+
+
+def _prometheus_page(seed: int) -> str:
+    """A page as vLLM writes it (prometheus_client: a ``# HELP``/``# TYPE`` block per family): every family we
+    read, two engines, histograms with their buckets, and families whose names start like ours."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+    rng = random.Random(seed)
+    registry = CollectorRegistry()
+    labels = ["model_name", "engine"]
+    gauges = ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+              "vllm:num_requests_waiting_by_reason", "vllm:num_requests_running_extra"]  # fmt: skip
+    for name in rng.sample(gauges, len(gauges)):
+        g = Gauge(name, "doc", labels, registry=registry)
+        for engine in "01":
+            g.labels("m", engine).set(rng.randint(0, 9))
+    for name in ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions", "vllm:prompt_tokens"):
+        c = Counter(name, "doc", labels, registry=registry)
+        for engine in "01":
+            c.labels("m", engine).inc(rng.randint(0, 500))
+    for name in ("vllm:time_to_first_token_seconds", "vllm:request_queue_time_seconds",
+                 "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds", "vllm:e2e_request_latency_seconds"):  # fmt: skip
+        h = Histogram(name, "doc", labels, registry=registry)
+        for engine in "01":
+            for _ in range(rng.randint(0, 5)):
+                h.labels("m", engine).observe(rng.random())
+    info = Gauge("vllm:cache_config_info", "doc", ["block_size", "num_gpu_blocks", "engine"], registry=registry)
+    info.labels("16", "2048", "0").set(1)
+    return generate_latest(registry).decode()
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_prometheus_client_page_reads_the_same_by_blocks_as_line_by_line(seed: int) -> None:
+    page = _prometheus_page(seed)
+    by_lines = vm._read(line for line in page.splitlines() if line.startswith(vm._WANTED))
+    assert vm._read(vm._family_lines(page)) == by_lines
+    assert parse_metrics(page).running == by_lines.sums[vm.RUNNING] and parse_metrics(page).ttft is not None
