@@ -4,8 +4,9 @@ Run: ``.venv/bin/python -m bench.tokenize_bench [--repeat N] [--sizes 1K,8K,32K]
 (median ms over N requests of each shape, measured side by side in one process):
 
 1. render + encode per shape: HF (``apply_chat_template`` and HF tokenizers, vLLM's reference), the fast
-   encoder without its segment cache, and with it (both after the picker's renderer; hit rate and bytes of the
-   cache after the shape's requests);
+   encoder without its segment cache, with it, and with it and the checkpoints of long texts (the picker's
+   default; all after the picker's renderer; hit rate and bytes of the segment cache, share of tokens taken
+   from checkpoints, after the shape's requests);
 2. block hashing (sha256_cbor, block size 16): the plain hasher vs the prefix cache (hit share, bytes);
 3. chat-template rendering: transformers' ``apply_chat_template`` (vLLM's reference) vs the fast renderer
    (``templates.FastTemplate``, the memoized sandbox), alternating on each request, texts checked equal.
@@ -30,7 +31,8 @@ from typing import Any
 from bench.stack_config import MODEL
 from extproc.kvcache.hash_cache import CachedHasher
 from extproc.kvcache.hashing import BlockHasher
-from extproc.prompt.encoders import FastEncoder, HfEncoder, TextEncoder
+from extproc.prompt.checkpoints import cut_difference
+from extproc.prompt.encoders import FastEncoder, HfEncoder, TextEncoder, check_corpus
 from extproc.prompt.models import BaseModel
 from extproc.prompt.openai import ParsedRequest, RequestKind, parse_request
 from extproc.prompt.render import render_and_tokenize_sync, render_chat_text
@@ -81,7 +83,7 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 
 def encode_row(loaded: LoadedTokenizer, encoders: dict[str, TextEncoder], shape: str, size: int, n: int) -> str:
     """Median render+encode ms per encoder over the shape's requests after the first (the warm-up)."""
-    cells, tokens, stats = [], 0, None
+    cells, tokens, stats, reused = [], 0, None, 0.0
     for encoder in encoders.values():
         if isinstance(encoder, FastEncoder):
             encoder.clear_cache()  # fresh for every shape: its hit rate is this shape's
@@ -96,10 +98,13 @@ def encode_row(loaded: LoadedTokenizer, encoders: dict[str, TextEncoder], shape:
         cells.append(statistics.median(times) * 1e3)
         if isinstance(encoder, FastEncoder) and encoder.cache_stats() is not None:
             stats = encoder.cache_stats()
+        checkpoints = encoder.checkpoint_stats() if isinstance(encoder, FastEncoder) else None
+        if checkpoints is not None:
+            reused = checkpoints.reused_tokens / max(checkpoints.reused_tokens + checkpoints.encoded_tokens, 1)
     hit = stats["hit_bytes"] / max(stats["hit_bytes"] + stats["miss_bytes"], 1) if stats else 0.0
     mib = stats["bytes"] / (1 << 20) if stats else 0.0
     return (f"{shape:>12} {tokens:>7} " + " ".join(f"{c:>10.3f}" for c in cells)
-            + f" {cells[0] / cells[-1]:>7.0f}x {hit:>8.0%} {mib:>7.1f}")  # fmt: skip
+            + f" {cells[0] / cells[-1]:>7.0f}x {hit:>8.0%} {mib:>7.1f} {reused:>8.0%}")  # fmt: skip
 
 
 def hash_row(loaded: LoadedTokenizer, shape: str, size: int, n: int) -> str:
@@ -146,11 +151,14 @@ def main(argv: list[str] | None = None) -> None:
     hf = HfEncoder(loaded.tokenizer)
     fast = FastEncoder.from_hf(loaded.tokenizer)
     cached = FastEncoder.from_hf(loaded.tokenizer, segment_cache_bytes=64 << 20)
-    assert fast is not None and cached is not None
-    encoders: dict[str, TextEncoder] = {"hf": hf, "fast": fast, "fast+cache": cached}
+    checkpointed = FastEncoder.from_hf(loaded.tokenizer, segment_cache_bytes=64 << 20)
+    assert fast is not None and cached is not None and checkpointed is not None
+    assert cut_difference(checkpointed.encode_whole, check_corpus([])) is None, "no checkpoints for this tokenizer"
+    checkpointed.enable_checkpoints(32 << 20)
+    encoders: dict[str, TextEncoder] = {"hf": hf, "fast": fast, "fast+cache": cached, "+checkpoints": checkpointed}
     print(f"render + encode, ms (median of {opts.repeat} requests per shape, after one warm-up request)")
-    print(f"{'shape':>12} {'tokens':>7} {'HF':>10} {'fast':>10} {'fast+cache':>10} {'HF/best':>8} {'seg hit':>8} "
-          f"{'seg MiB':>7}")  # fmt: skip
+    print(f"{'shape':>12} {'tokens':>7} {'HF':>10} {'fast':>10} {'fast+cache':>10} {'+ckpt':>10} {'HF/best':>8} "
+          f"{'seg hit':>8} {'seg MiB':>7} {'ckpt':>8}")  # fmt: skip
     for size in parse_sizes(opts.sizes):
         for shape in SHAPES:
             print(encode_row(loaded, encoders, shape, size, opts.repeat), flush=True)

@@ -108,6 +108,13 @@ class TextCheckpoints:
         self._remember(_Text(text, cuts, counts, ids, 0), key, base, reused, len(cuts) - shared)
         return ids
 
+    def clear(self) -> None:
+        """Forget every remembered text and reset the counters (the budget stays), e.g. between benchmark shapes."""
+        with self._lock:
+            self._texts.clear()
+            self._by_key.clear()
+            self.stats = CheckpointStats()
+
     def _deepest(self, key: str, text: str) -> tuple[_Text | None, int]:
         """The remembered text whose cut ``text`` shares deepest, and that cut's index (a letter must follow it in
         ``text`` too). Under the lock."""

@@ -147,10 +147,12 @@ class FastEncoder:
         return self._checkpoints.stats if self._checkpoints is not None else None
 
     def clear_cache(self) -> None:
-        """Empty the segment cache (keeping its budget), e.g. between benchmark shapes; no-op when off."""
+        """Empty the segment cache and the checkpoints (keeping their budgets), e.g. between benchmark shapes."""
         stats = self.cache_stats()
         if stats is not None:
             self._native.enable_segment_cache(stats["max_bytes"])
+        if self._checkpoints is not None:
+            self._checkpoints.clear()
 
     def cache_stats(self) -> dict[str, int] | None:
         """The segment cache's counters (hits, misses, hit_bytes, miss_bytes, entries, bytes, max_bytes)."""

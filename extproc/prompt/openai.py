@@ -279,23 +279,31 @@ def _messages(value: object) -> tuple[Message, ...]:
 
 
 def _check_message(index: int, message: object) -> None:
-    where = f"messages[{index}]"
+    problem = _message_problem(message)
+    if problem is not None:  # the message's place is spelled only for an error (an agent body has hundreds)
+        raise BadRequest(f"messages[{index}]{problem}", param="messages")
+
+
+def _message_problem(message: object) -> str | None:
     if not isinstance(message, dict):
-        raise BadRequest(f"{where} must be an object", param="messages")
+        return " must be an object"
     if not isinstance(message.get("role"), str):
-        raise BadRequest(f"{where}.role must be a string", param="messages")
+        return ".role must be a string"
     content = message.get("content")
-    if isinstance(content, list):
+    if content is None or isinstance(content, str):
+        pass
+    elif isinstance(content, list):
         if not all(isinstance(part, str | dict) for part in content):
-            raise BadRequest(f"{where}.content parts must be objects or strings", param="messages")
-    elif content is not None and not isinstance(content, str):
-        raise BadRequest(f"{where}.content must be a string, a list of parts, or null", param="messages")
+            return ".content parts must be objects or strings"
+    else:
+        return ".content must be a string, a list of parts, or null"
     tool_calls = message.get("tool_calls")
     if tool_calls is not None and not (
         isinstance(tool_calls, list)
         and all(isinstance(c, dict) and isinstance(c.get("function"), dict) for c in tool_calls)
     ):
-        raise BadRequest(f"{where}.tool_calls must be a list of {{function: {{...}}}}", param="messages")
+        return ".tool_calls must be a list of {function: {...}}"
+    return None
 
 
 def _parse_completion(data: Mapping[str, Any], common: dict[str, Any]) -> ParsedRequest:

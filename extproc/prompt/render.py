@@ -234,6 +234,8 @@ def _conversation_message(message: Mapping[str, Any], info: TemplateInfo) -> dic
 
 
 def _content(content: object, role: str, info: TemplateInfo) -> str | list[dict[str, str]]:
+    if isinstance(content, str) and (info.content_format != "openai" or role == "tool"):
+        return content  # the common case, as the general path below would give it: "\n".join([content])
     if content is None:
         parts: list[object] = []
     elif isinstance(content, str):
