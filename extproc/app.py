@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from aiohttp import web
@@ -79,9 +79,14 @@ def tenant_occupancy(config: RouterConfig) -> Occupancy | None:
 class App:
     """The running service. ``grpc_port`` / ``metrics_port`` are the bound ports once started."""
 
-    def __init__(self, config: RouterConfig, *, base_dir: Path | None = None) -> None:
+    def __init__(
+        self, config: RouterConfig, *, base_dir: Path | None = None, before_ready: Callable[[], None] | None = None
+    ) -> None:
+        """``before_ready``: called once in ``start``, after the warm-up and before readiness (the process main's
+        ``process.freeze_startup_heap``)."""
         self.config = config
         self._base = base_dir or Path.cwd()
+        self._before_ready = before_ready
         endpoints = [
             Endpoint(EndpointId(e.address), models=frozenset(e.models), role=Role(e.role)) for e in config.endpoints
         ]
@@ -233,6 +238,8 @@ class App:
         await self._wait_first_scrape(timeout_s=2.0)
         if listen.authz_port is not None:
             await self._start_authz(listen.host, listen.authz_port)
+        if self._before_ready is not None:
+            self._before_ready()
         if self.workers is not None:
             await self.workers.start()
             self.grpc_port = self.workers.port

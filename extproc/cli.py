@@ -26,15 +26,17 @@ def _serve(args: argparse.Namespace) -> int:
     import logging
     import signal
 
+    from extproc import process
     from extproc.app import App
     from extproc.config import load_config
 
     config = load_config(args.config)
     logging.basicConfig(level=config.logging.level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    sys.setswitchinterval(config.limits.gil_switch_interval_s)  # process-wide: set by the process's main only
+    process.configure(config)  # process-wide: set by the process's main only
 
     async def run() -> None:
-        app = App(config, base_dir=Path(args.config).resolve().parent if args.relative else None)
+        base_dir = Path(args.config).resolve().parent if args.relative else None
+        app = App(config, base_dir=base_dir, before_ready=process.freeze_startup_heap)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

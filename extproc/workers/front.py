@@ -19,6 +19,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from extproc import process
 from extproc.backends.registry import EndpointRegistry
 from extproc.config import RouterConfig
 from extproc.front_build import build_front, processor_options, router_settings, warm_up
@@ -64,6 +65,7 @@ async def serve_front(config: RouterConfig, base_dir: Path, socket_path: str, in
     )
     router = Router(parts.deps, remote, router_settings(config))
     await warm_up(parts, [m.name for m in config.models])
+    process.freeze_startup_heap()
     server = await start_ext_proc(
         router, kind=config.listen.grpc_server, host=host, port=port, options=processor_options(config)
     )
@@ -103,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=config.logging.level, format=f"%(asctime)s %(levelname)s front{args.index} %(name)s %(message)s"
     )
-    sys.setswitchinterval(config.limits.gil_switch_interval_s)  # as the main process (cli serve)
+    process.configure(config)  # as the main process (cli serve)
     asyncio.run(serve_front(config, args.base_dir, args.socket, args.index, args.host, args.port))
     return 0
 
