@@ -18,8 +18,10 @@ corpus whole and cut at every such position, and a model that differs once runs 
 check (``shadow.ShadowCheck``) re-encodes sampled live requests with HF tokenizers, checkpoints included.
 
 Lookup: texts are filed under their first ``_KEY_CHARS`` characters (before the first cut, so every text that
-shares a cut shares the key); the deepest cut a new text shares is a bisection of ``startswith`` compares
-(memory compares, no hashing). Bounded by ``max_bytes`` (least recently used texts go first); thread-safe.
+shares a cut shares the key); the deepest cut a new text shares is a bisection of compares (memory compares, no
+hashing). A text is encoded in pieces (and remembered) only on its key's second sighting sharing a cut with the
+first: encoding in pieces costs more than whole, and a unique document never repeats. Bounded by ``max_bytes``
+(least recently used texts go first) and ``_SEEN`` first sightings (held by reference); thread-safe.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ at the match's end."""
 _KEY_CHARS = 1024  # texts are filed under their first this many characters (cuts lie beyond)
 _PER_KEY = 8  # remembered texts per key (most recently used first)
 _NEW_CUTS = 2  # a text is remembered when it has this many cuts past the remembered one it shares most with
+_SEEN = 64  # texts seen once (by reference, no copy), the most recent first sighting per key
 _TEXT_OVERHEAD_BYTES = 400  # record, lists, dict slots: a rough per-text cost beyond its characters and ids
 
 Encode = Callable[[str], "array[int]"]
@@ -81,6 +84,7 @@ class TextCheckpoints:
         self._interval = interval_chars
         self._texts: OrderedDict[_Text, None] = OrderedDict()  # least recently used first
         self._by_key: dict[str, list[_Text]] = {}  # most recently used first
+        self._seen: OrderedDict[str, str] = OrderedDict()  # {key: the last text seen once under it}, oldest first
         self._lock = threading.Lock()
         self.stats = CheckpointStats()
 
@@ -92,6 +96,9 @@ class TextCheckpoints:
         key = text[:_KEY_CHARS]
         with self._lock:
             base, at = self._deepest(key, text)
+            if base is None and not self._seen_before(key, text):
+                self.stats.misses += 1
+                return self._encode(text)  # a first sighting: whole (one call), its cuts made on the second
         if base is None:
             cuts, counts, ids = [], [], array("I")
         else:
@@ -108,11 +115,25 @@ class TextCheckpoints:
         self._remember(_Text(text, cuts, counts, ids, 0), key, base, reused, len(cuts) - shared)
         return ids
 
+    def _seen_before(self, key: str, text: str) -> bool:
+        """Whether a text with ``text``'s key and its first cut was seen (and not remembered) before; remembers
+        ``text`` as the key's last sighting otherwise. Pieces and checkpoints cost a few tenths of a millisecond
+        over encoding whole: a text nothing else shares (a unique document) never pays them. Under the lock."""
+        first = CUT.search(text, self._interval)
+        last = self._seen.pop(key, None)
+        if last is not None and first is not None and last.startswith(text[: first.end()]):
+            return True
+        self._seen[key] = text
+        while len(self._seen) > _SEEN:
+            self._seen.popitem(last=False)
+        return False
+
     def clear(self) -> None:
         """Forget every remembered text and reset the counters (the budget stays), e.g. between benchmark shapes."""
         with self._lock:
             self._texts.clear()
             self._by_key.clear()
+            self._seen.clear()
             self.stats = CheckpointStats()
 
     def _deepest(self, key: str, text: str) -> tuple[_Text | None, int]:

@@ -29,14 +29,28 @@ def test_a_new_question_after_a_long_document_encodes_only_past_the_last_shared_
     encoder = PerChar()
     checkpoints = TextCheckpoints(encoder, max_bytes=1 << 20, min_chars=4096, interval_chars=2048)
     doc = document(400)  # ~22K characters
-    first = checkpoints.encode(doc + "Question 1: what moved?")
-    assert list(first) == list(map(ord, doc + "Question 1: what moved?"))
+    for question in ("Question 0: what moved?", "Question 1: where?"):  # seen once (whole), then cut and remembered
+        assert list(checkpoints.encode(doc + question)) == list(map(ord, doc + question))
     encoder.encoded = 0
-    second = checkpoints.encode(doc + "Question 2: and why?")
-    assert list(second) == list(map(ord, doc + "Question 2: and why?"))
+    third = checkpoints.encode(doc + "Question 2: and why?")
+    assert list(third) == list(map(ord, doc + "Question 2: and why?"))
     assert encoder.encoded < 2048 + 64  # at most one interval and the question
     stats = checkpoints.stats
-    assert (stats.hits, stats.misses, stats.entries) == (1, 1, 1)  # the second added no cuts: not remembered
+    assert (stats.hits, stats.misses, stats.entries) == (1, 2, 1)  # the third added no cuts: not remembered
+
+
+def test_a_unique_text_is_encoded_whole_in_one_call() -> None:
+    calls: list[int] = []
+
+    def counted(text: str) -> array[int]:
+        calls.append(len(text))
+        return array("I", map(ord, text))
+
+    checkpoints = TextCheckpoints(counted, max_bytes=1 << 20, min_chars=4096, interval_chars=2048)
+    for salt in ("a", "b", "c"):
+        text = document(400, salt=salt)
+        assert list(checkpoints.encode(text)) == list(map(ord, text))
+    assert calls == [len(document(400, salt=s)) for s in "abc"] and checkpoints.stats.entries == 0
 
 
 def test_a_growing_text_replaces_what_it_extends() -> None:
@@ -45,7 +59,7 @@ def test_a_growing_text_replaces_what_it_extends() -> None:
     for turn in range(5):
         text += document(100, salt=f"t{turn}-")
         assert list(checkpoints.encode(text)) == list(map(ord, text))
-    assert checkpoints.stats.entries == 1 and checkpoints.stats.hits == 4
+    assert checkpoints.stats.entries == 1 and (checkpoints.stats.hits, checkpoints.stats.misses) == (3, 2)
 
 
 def test_short_texts_and_texts_without_cuts_are_encoded_whole() -> None:
@@ -67,7 +81,7 @@ def test_a_cut_needs_its_letter_in_the_new_text_too() -> None:
 
 def test_the_budget_and_the_per_key_limit_hold() -> None:
     checkpoints = TextCheckpoints(PerChar(), max_bytes=200_000, min_chars=4096, interval_chars=2048)
-    head = document(30)
+    head = document(60)  # past the first cut: each text shares it with the others
     for n in range(40):
         checkpoints.encode(head + document(150, salt=f"{n}-"))
     assert 0 < checkpoints.stats.bytes <= 200_000
