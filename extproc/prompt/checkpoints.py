@@ -21,7 +21,8 @@ Lookup: texts are filed under their first ``_KEY_CHARS`` characters (before the 
 shares a cut shares the key); the deepest cut a new text shares is a bisection of compares (memory compares, no
 hashing). A text is encoded in pieces (and remembered) only on its key's second sighting sharing a cut with the
 first: encoding in pieces costs more than whole, and a unique document never repeats. Bounded by ``max_bytes``
-(least recently used texts go first) and ``_SEEN`` first sightings (held by reference); thread-safe.
+(least recently used texts go first), and the first sightings (held by reference) by ``_SEEN`` texts and a
+quarter of ``max_bytes`` in characters; thread-safe.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class TextCheckpoints:
         self._texts: OrderedDict[_Text, None] = OrderedDict()  # least recently used first
         self._by_key: dict[str, list[_Text]] = {}  # most recently used first
         self._seen: OrderedDict[str, str] = OrderedDict()  # {key: the last text seen once under it}, oldest first
+        self._seen_chars = 0  # their characters, within max_bytes // 4 (held by reference: a body's own text)
         self._lock = threading.Lock()
         self.stats = CheckpointStats()
 
@@ -121,11 +123,14 @@ class TextCheckpoints:
         over encoding whole: a text nothing else shares (a unique document) never pays them. Under the lock."""
         first = CUT.search(text, self._interval)
         last = self._seen.pop(key, None)
-        if last is not None and first is not None and last.startswith(text[: first.end()]):
-            return True
+        if last is not None:
+            self._seen_chars -= len(last)
+            if first is not None and last.startswith(text[: first.end()]):
+                return True
         self._seen[key] = text
-        while len(self._seen) > _SEEN:
-            self._seen.popitem(last=False)
+        self._seen_chars += len(text)
+        while len(self._seen) > _SEEN or self._seen_chars > self._max_bytes // 4:
+            self._seen_chars -= len(self._seen.popitem(last=False)[1])
         return False
 
     def clear(self) -> None:
@@ -134,6 +139,7 @@ class TextCheckpoints:
             self._texts.clear()
             self._by_key.clear()
             self._seen.clear()
+            self._seen_chars = 0
             self.stats = CheckpointStats()
 
     def _deepest(self, key: str, text: str) -> tuple[_Text | None, int]:

@@ -117,3 +117,10 @@ def test_the_counters_are_exported_per_model() -> None:
     assert samples[("router_tokenizer_checkpoints_hits_total", "m")] == 3
     assert samples[("router_tokenizer_checkpoints_reused_tokens_total", "m")] == 90_000
     assert samples[("router_tokenizer_checkpoints_bytes", "m")] == 400_000
+
+
+def test_first_sightings_are_bounded_in_characters() -> None:
+    checkpoints = TextCheckpoints(PerChar(), max_bytes=100_000, min_chars=4096, interval_chars=2048)
+    for salt in range(20):  # ~22K characters each, a different key each: 20 first sightings
+        checkpoints.encode(f"{salt} " + document(400))
+    assert checkpoints._seen_chars <= 25_000 and len(checkpoints._seen) == 1
