@@ -33,8 +33,8 @@ longer store through it (an agent's previous turn) is dropped at once when that 
 others are dropped when they reach the LRU's old end.
 
 Costs: ``store`` O(log n + new blocks), ``match`` O(endpoints × log n), eviction O(evicted blocks), ``clear``
-O(1). Not thread-safe: use it from one event loop. ``remove`` is not offered: guesses are never removed block by
-block (engines' evictions go to the precise index).
+O(its blocks). Not thread-safe: use it from one event loop. ``remove`` is not offered: guesses are never removed
+block by block (engines' evictions go to the precise index).
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ class _Chains:
         self.max_expires = -math.inf  # the latest expiry ever stored: a store expiring before it is "late"
 
     def held(self, hashes: Sequence[BlockHash]) -> int:
-        """How many leading ``hashes`` are held, each after the one before it: a binary search (module docstring)."""
+        """How many leading ``hashes`` are held, each after the one before it: a binary search (module docstring;
+        exact for a prompt's hashes from its first block, whose chain fixes every block's parent)."""
         parent = self.parent
         lo, hi = 0, len(hashes)  # hashes[:lo] held; hashes[hi:] not
         if hi and parent.get(hashes[hi - 1], _ABSENT) == (hashes[hi - 2] if hi > 1 else None):
@@ -153,7 +154,9 @@ class ChainIndex:
         ep = self._live(endpoint, now) or self._eps.setdefault(endpoint, _Chains())
         held = ep.held(hashes)
         stored = self._add(ep, hashes, held)
-        if stored == 0:
+        if stored == 0:  # its first block is held after another parent: not a prompt's first block
+            if not ep.parent:
+                del self._eps[endpoint]
             return
         end = hashes[stored - 1]
         if 0 < held < stored:  # the store extends a held chain: an end there is superseded if it expires no later

@@ -125,3 +125,9 @@ def test_random_root_chain_operations_agree_with_the_per_block_lru(seed: int) ->
     for e in endpoints:  # every held block is matchable: nothing is orphaned or double counted
         held = sum(1 for h in set().union(*prompts) if h in ours._eps[e].parent) if e in ours._eps else 0
         assert held == ours.entries(e) <= (capacity if capacity is not None else math.inf)
+
+
+def test_hashes_that_are_no_chain_are_kept_up_to_where_they_stop_being_one() -> None:
+    index = ChainIndex()
+    index.store_sync(E1, [BlockHash(5), BlockHash(5), BlockHash(6)])  # a block after itself: only the first is one
+    assert index.entries(E1) == 1 and index.match_sync([BlockHash(5)], [E1]) == {E1: 1}
