@@ -51,6 +51,8 @@ _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 REPRODUCED_PARAMS = frozenset({"conversation", "tools", "documents", "add_generation_prompt", "continue_final_message"})
 _DICT_ATTRIBUTES = frozenset(dir(dict))  # what getattr(d, name) finds on a plain dict: nothing else can exist
 _SAFE_MEMO_MAX = 4096  # (type, attribute) answers remembered; attribute names come from the template source
+_MISSING = object()
+_FORMAT_METHODS = frozenset({"format", "format_map"})  # what ``wrap_str_format`` wraps (of a str or Markup)
 
 
 class HfRenderer(Protocol):
@@ -85,12 +87,16 @@ class _MemoSandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
 
     Why this is as safe as the sandbox: every attribute a template reaches still passes
     ``is_safe_attribute`` (no ``_`` names, no function/frame/generator internals, no list/dict/set mutators) and
-    ``str.format`` still goes through the sandboxed formatter; calls still pass ``is_safe_callable``. Only two
+    ``str.format`` still goes through the sandboxed formatter; calls still pass ``is_safe_callable``. Only three
     things are cut: (1) for an exact ``dict`` and a name that is not one of dict's attributes, Python's getattr
     cannot succeed (a dict has no instance attributes), so we go straight to the key lookup the sandbox would
-    fall back to; (2) ``is_safe_attribute`` depends on the object's type and the name only, so its answer is
-    kept per (type, name). Message content is template *data*: it is never compiled, and a name a user
-    controls (``x[user_key]``) reaches ``getitem``, which is the sandbox's own, unchanged.
+    fall back to (``dict.get``: a missing key raises nothing); (2) ``is_safe_attribute`` depends on the object's
+    type and the name only, so its answer is kept per (type, name); (3) ``wrap_str_format`` wraps only a method
+    named ``format`` or ``format_map`` of a str, which getattr returns only for those two names (str has no
+    aliases of them, and every way a template can obtain one, attribute, ``attr`` filter or subscript, goes
+    through this method or the sandbox's own ``getitem``, which wrap it), so it is asked for those names only.
+    Message content is template *data*: it is never compiled, and a name a user controls (``x[user_key]``)
+    reaches ``getitem``, which is the sandbox's own, unchanged.
     """
 
     def __init__(self, **options: Any) -> None:
@@ -99,10 +105,8 @@ class _MemoSandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
 
     def getattr(self, obj: Any, attribute: str) -> Any:
         if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
-            try:
-                return obj[attribute]
-            except KeyError:
-                return self.undefined(obj=obj, name=attribute)
+            value = obj.get(attribute, _MISSING)  # no KeyError raised and caught for a missing key
+            return self.undefined(obj=obj, name=attribute) if value is _MISSING else value
         try:
             value = getattr(obj, attribute)
         except AttributeError:
@@ -110,9 +114,10 @@ class _MemoSandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
                 return obj[attribute]
             except (TypeError, LookupError):
                 return self.undefined(obj=obj, name=attribute)
-        fmt = self.wrap_str_format(value)
-        if fmt is not None:
-            return fmt
+        if attribute in _FORMAT_METHODS:  # only str.format and format_map are wrapped (the sandbox's own test)
+            fmt = self.wrap_str_format(value)
+            if fmt is not None:
+                return fmt
         key = (type(obj), attribute)
         safe = self._safe.get(key)
         if safe is None:

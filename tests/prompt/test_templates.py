@@ -220,13 +220,29 @@ def test_a_fast_render_that_raises_where_the_reference_renders_falls_back() -> N
     [
         ("{{ messages[0][messages[0].content] }}", "__class__", ""),  # a user-chosen name: still refused
         ("{{ messages[0].content.format(messages[0]) }}", "{0.__class__}", ""),  # the sandbox's formatter
+        ("{{ messages[0].content.format_map({'a': messages[0]}) }}", "{a.__class__}", ""),
+        ("{{ (messages[0].content | attr('format'))(messages[0]) }}", "{0.__class__}", ""),
+        ("{{ messages[0].content['format'](messages[0]) }}", "{0.__class__}", ""),
+        ("{% set ns = namespace(f=messages[0].content.format) %}{{ ns.f(messages[0]) }}", "{0.__class__}", ""),
         ("{{ messages[0].content | attr('__class__') }}", "x", ""),
         ("{% set _ = messages.append(1) %}{{ messages | length }}", "x", "raised SecurityError"),
         ("{{ messages[0].items() | list | length }}", "x", "2"),  # a dict's own methods still work
         ("{% set ns = namespace(a=1) %}{% set ns.b = 2 %}{{ ns.a + ns.b }}", "x", "3"),
         ("{{ range(200000) | length }}", "x", "raised OverflowError"),
     ],
-    ids=["user-key", "user-format", "attr-filter", "mutation", "dict-method", "namespace", "range"],
+    ids=[
+        "user-key",
+        "user-format",
+        "user-format-map",
+        "format-by-attr-filter",
+        "format-by-subscript",
+        "format-kept-in-a-namespace",
+        "attr-filter",
+        "mutation",
+        "dict-method",
+        "namespace",
+        "range",
+    ],
 )
 def test_the_sandbox_refuses_what_it_refused(template: str, content: str, expected: str) -> None:
     hf_like = FastTemplate(template, {})
