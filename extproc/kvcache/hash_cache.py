@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from extproc.keyed_lru import KeyedLru
 from extproc.kvcache.hashing import BlockDigest, BlockHasher, ExtraKeys, extra_keys_for
 from extproc.types import BlockHash, LoraAdapter
 
@@ -67,7 +68,6 @@ class _Prompt:
     tokens: np.ndarray[tuple[int], np.dtype[np.uint32]]
     hashes: list[BlockHash]
     chunk_last: list[BlockDigest]
-    head: _HeadKey
     size_bytes: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -113,9 +113,8 @@ class CachedHasher:
         self.hasher = hasher
         self._max_bytes = max_bytes
         self._chunks: OrderedDict[tuple[bytes, ExtraKeys, bytes], _Chunk] = OrderedDict()
-        self._prompts: OrderedDict[_Prompt, None] = OrderedDict()  # least recently used first
-        self._by_head: dict[_HeadKey, list[_Prompt]] = {}  # most recently used first
-        self._prompt_bytes = 0
+        self._chunk_bytes = 0
+        self._prompts: KeyedLru[_HeadKey, _Prompt] = KeyedLru(max_bytes // 4, _RECALL_PER_HEAD)
         self._lock = threading.Lock()
         self.stats = HashCacheStats()
 
@@ -198,14 +197,15 @@ class CachedHasher:
                 key = (parent, pending._extra[1 if first else 0], data)
                 old = self._chunks.pop(key, None)
                 if old is not None:
-                    self.stats.bytes -= old.size_bytes
+                    self._chunk_bytes -= old.size_bytes
                 self._chunks[key] = chunk
-                self.stats.bytes += chunk.size_bytes
+                self._chunk_bytes += chunk.size_bytes
                 parent = chunk.last
-            while self.stats.bytes - self._prompt_bytes > self._max_bytes - self._max_bytes // 4 and self._chunks:
+            while self._chunk_bytes > self._max_bytes - self._max_bytes // 4 and self._chunks:
                 _, evicted = self._chunks.popitem(last=False)
-                self.stats.bytes -= evicted.size_bytes
+                self._chunk_bytes -= evicted.size_bytes
             self.stats.entries = len(self._chunks)
+            self.stats.bytes = self._chunk_bytes + self._prompts.bytes
 
     def _recall(
         self, packed: array[int], count: int, size: int, extra: tuple[ExtraKeys, ExtraKeys]
@@ -214,7 +214,7 @@ class CachedHasher:
         the same first chunk), and how many tokens they share. Under the lock."""
         if count < RECALL_MIN_CHUNKS * CHUNK_BLOCKS:
             return None, 0
-        same_head = self._by_head.get((*extra, packed[: CHUNK_BLOCKS * size].tobytes()))
+        same_head = self._prompts.under((*extra, packed[: CHUNK_BLOCKS * size].tobytes()))
         if not same_head:
             return None, 0
         ours = np.frombuffer(packed, dtype=np.uint32, count=count * size)
@@ -225,9 +225,7 @@ class CachedHasher:
                 best, shared = prompt, n
             if n == len(ours):
                 break
-        self._prompts.move_to_end(best)
-        same_head.remove(best)
-        same_head.insert(0, best)
+        self._prompts.used(best)
         return best, shared
 
     def _remember(self, pending: PendingHashes, hashes: list[BlockHash], chunk_last: list[BlockDigest]) -> None:
@@ -237,31 +235,11 @@ class CachedHasher:
             return
         tokens = np.frombuffer(packed, dtype=np.uint32, count=len(hashes) * size).copy()
         head = (*pending._extra, packed[: CHUNK_BLOCKS * size].tobytes())
-        prompt = _Prompt(tokens, hashes, chunk_last, head)
-        budget = self._max_bytes // 4
-        if prompt.size_bytes > budget:
-            return
+        prompt = _Prompt(tokens, hashes, chunk_last)
         with self._lock:
-            if pending._extends and pending._recalled is not None and pending._recalled in self._prompts:
-                self._forget(pending._recalled)
-            same_head = self._by_head.setdefault(head, [])
-            same_head.insert(0, prompt)
-            self._prompts[prompt] = None
-            self._prompt_bytes += prompt.size_bytes
-            self.stats.bytes += prompt.size_bytes
-            if len(same_head) > _RECALL_PER_HEAD:
-                self._forget(same_head[-1])
-            while self._prompt_bytes > budget:
-                self._forget(next(iter(self._prompts)))
-
-    def _forget(self, prompt: _Prompt) -> None:
-        del self._prompts[prompt]
-        same_head = self._by_head[prompt.head]
-        same_head.remove(prompt)
-        if not same_head:
-            del self._by_head[prompt.head]
-        self._prompt_bytes -= prompt.size_bytes
-        self.stats.bytes -= prompt.size_bytes
+            replaced = pending._recalled if pending._extends else None
+            self._prompts.add(head, prompt, prompt.size_bytes, replaces=replaced)
+            self.stats.bytes = self._chunk_bytes + self._prompts.bytes
 
 
 def _common_prefix(

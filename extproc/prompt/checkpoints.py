@@ -34,6 +34,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from extproc.keyed_lru import KeyedLru
+
 __all__ = ["CUT", "CheckpointStats", "TextCheckpoints", "cut_difference"]
 
 CUT = re.compile(r"[\r\n](?=[^\W\d_])|[.,;:!?](?= [^\W\d_])")
@@ -54,7 +56,6 @@ class _Text:
     cuts: list[int]  # checkpoint positions, ascending, each past _KEY_CHARS
     counts: list[int]  # tokens of text[: cuts[i]]
     ids: array[int]  # tokens of the whole text
-    size_bytes: int
 
 
 @dataclass
@@ -83,8 +84,7 @@ class TextCheckpoints:
         self._max_bytes = max_bytes
         self._min_chars = min_chars
         self._interval = interval_chars
-        self._texts: OrderedDict[_Text, None] = OrderedDict()  # least recently used first
-        self._by_key: dict[str, list[_Text]] = {}  # most recently used first
+        self._texts: KeyedLru[str, _Text] = KeyedLru(max_bytes, _PER_KEY)  # filed under their first _KEY_CHARS
         self._seen: OrderedDict[str, str] = OrderedDict()  # {key: the last text seen once under it}, oldest first
         self._seen_chars = 0  # their characters, within max_bytes // 4 (held by reference: a body's own text)
         self._lock = threading.Lock()
@@ -98,9 +98,12 @@ class TextCheckpoints:
         key = text[:_KEY_CHARS]
         with self._lock:
             base, at = self._deepest(key, text)
-            if base is None and not self._seen_before(key, text):
+            first_sighting = base is None and not self._seen_before(key, text)
+        if first_sighting:  # encoded whole (one call), its cuts made on the second sighting
+            ids = self._encode(text)
+            with self._lock:
                 self.stats.misses += 1
-                return self._encode(text)  # a first sighting: whole (one call), its cuts made on the second
+            return ids
         if base is None:
             cuts, counts, ids = [], [], array("I")
         else:
@@ -114,7 +117,7 @@ class TextCheckpoints:
                 cuts.append(cut)
                 counts.append(len(ids))
             start = cut
-        self._remember(_Text(text, cuts, counts, ids, 0), key, base, reused, len(cuts) - shared)
+        self._remember(_Text(text, cuts, counts, ids), key, base, reused, len(cuts) - shared)
         return ids
 
     def _seen_before(self, key: str, text: str) -> bool:
@@ -137,7 +140,6 @@ class TextCheckpoints:
         """Forget every remembered text and reset the counters (the budget stays), e.g. between benchmark shapes."""
         with self._lock:
             self._texts.clear()
-            self._by_key.clear()
             self._seen.clear()
             self._seen_chars = 0
             self.stats = CheckpointStats()
@@ -147,7 +149,7 @@ class TextCheckpoints:
         ``text`` too). Under the lock."""
         best: _Text | None = None
         best_at = -1
-        for known in self._by_key.get(key, ()):
+        for known in self._texts.under(key):
             at = _shared_cuts(text, known) - 1
             while at >= 0 and not _letter_at(text, known.cuts[at]):
                 at -= 1
@@ -156,10 +158,7 @@ class TextCheckpoints:
                 if at == len(known.cuts) - 1:
                     break  # shares every cut of the most recently used text: as deep as it gets, in practice
         if best is not None:
-            self._texts.move_to_end(best)
-            same_key = self._by_key[key]
-            same_key.remove(best)
-            same_key.insert(0, best)
+            self._texts.used(best)
         return best, best_at
 
     def _cuts(self, text: str, start: int) -> list[int]:
@@ -171,36 +170,18 @@ class TextCheckpoints:
         return cuts
 
     def _remember(self, record: _Text, key: str, base: _Text | None, reused: int, new_cuts: int) -> None:
-        record.size_bytes = 2 * len(record.text) + 4 * len(record.ids) + 16 * len(record.cuts) + _TEXT_OVERHEAD_BYTES
+        size = 2 * len(record.text) + 4 * len(record.ids) + 16 * len(record.cuts) + _TEXT_OVERHEAD_BYTES
         with self._lock:
             stats = self.stats
             stats.hits += base is not None
             stats.misses += base is None
             stats.reused_tokens += reused
             stats.encoded_tokens += len(record.ids) - reused
-            if new_cuts < _NEW_CUTS or record.size_bytes > self._max_bytes:
-                return  # a text that added fewer is encoded from the cuts it shares with ``base`` anyway
-            if base is not None and base in self._texts and record.text.startswith(base.text):
-                self._forget(base)  # a text that grew replaces what it extends
-            same_key = self._by_key.setdefault(key, [])
-            same_key.insert(0, record)
-            self._texts[record] = None
-            stats.bytes += record.size_bytes
-            if len(same_key) > _PER_KEY:
-                self._forget(same_key[-1])
-            while stats.bytes > self._max_bytes:
-                self._forget(next(iter(self._texts)))
-            stats.entries = len(self._texts)
-
-    def _forget(self, record: _Text) -> None:
-        del self._texts[record]
-        key = record.text[:_KEY_CHARS]
-        same_key = self._by_key[key]
-        same_key.remove(record)
-        if not same_key:
-            del self._by_key[key]
-        self.stats.bytes -= record.size_bytes
-        self.stats.entries = len(self._texts)
+            if new_cuts >= _NEW_CUTS:  # a text that added fewer is encoded from the cuts it shares anyway
+                # a text that grew replaces what it extends
+                grew_from = base if base is not None and record.text.startswith(base.text) else None
+                self._texts.add(key, record, size, replaces=grew_from)
+            stats.bytes, stats.entries = self._texts.bytes, len(self._texts)
 
 
 def _shared_cuts(text: str, known: _Text) -> int:
