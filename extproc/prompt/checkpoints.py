@@ -103,6 +103,7 @@ class TextCheckpoints:
             ids = self._encode(text)
             with self._lock:
                 self.stats.misses += 1
+                self.stats.encoded_tokens += len(ids)
             return ids
         if base is None:
             cuts, counts, ids = [], [], array("I")

@@ -51,6 +51,7 @@ def test_a_unique_text_is_encoded_whole_in_one_call() -> None:
         text = document(400, salt=salt)
         assert list(checkpoints.encode(text)) == list(map(ord, text))
     assert calls == [len(document(400, salt=s)) for s in "abc"] and checkpoints.stats.entries == 0
+    assert checkpoints.stats.encoded_tokens == sum(calls) and checkpoints.stats.reused_tokens == 0
 
 
 def test_a_growing_text_replaces_what_it_extends() -> None:
