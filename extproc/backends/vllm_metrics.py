@@ -12,6 +12,7 @@ without ``# HELP`` lines for the load gauges (a hand-written or other exporter's
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterable, Iterator
@@ -57,6 +58,7 @@ _FAMILIES: dict[str, tuple[str, ...]] = {}
 for _sample in _WANTED:
     for _family in {_sample, _sample.removesuffix("_total").removesuffix("_sum").removesuffix("_count")}:
         _FAMILIES[_family] = (*_FAMILIES.get(_family, ()), _sample)
+_HEADS_REMEMBERED = 512  # sample heads (name and labels) of a few engines' pages, with room for label churn
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
@@ -97,17 +99,25 @@ class MetricsParseError(ValueError):
     """The page is not a vLLM metrics page (missing the load gauges, or garbage)."""
 
 
-def _split(line: str) -> tuple[str, dict[str, str], float]:
-    brace = line.find("{")
-    if brace >= 0:
-        close = line.rindex("}")
-        name, labels = line[:brace], dict(_LABEL.findall(line[brace + 1 : close]))
-        rest = line[close + 1 :]
+def _split(line: str) -> tuple[str, tuple[tuple[str, str], ...], float]:
+    """``(name, label pairs, value)`` of one sample line; a timestamp after the value is ignored."""
+    close = line.rfind("}")
+    if close >= 0:
+        head, rest = line[: close + 1], line[close + 1 :]
     else:
-        name, _, rest = line.partition(" ")
-        labels = {}
-    value = rest.split()[0]
-    return name, labels, float(value)
+        head, _, rest = line.partition(" ")
+    name, labels = _head(head)
+    return name, labels, float(rest.split()[0])
+
+
+@functools.lru_cache(maxsize=_HEADS_REMEMBERED)
+def _head(head: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """A sample's name and label pairs. Memoized: an engine writes the same few heads on every page, and
+    reading their labels again was most of a scrape's parsing (a pure function of its argument)."""
+    brace = head.find("{")
+    if brace < 0:
+        return head, ()
+    return head[:brace], tuple(_LABEL.findall(head, brace + 1, len(head) - 1))
 
 
 @dataclass
@@ -123,18 +133,20 @@ class _Seen:
 
 def _read(lines: Iterable[str]) -> _Seen:
     seen = _Seen({}, {}, set(), {}, {})
+    sums, counts = seen.sums, seen.counts
     for line in lines:
         name, labels, value = _split(line)
         if name not in _WANTED:
             continue
-        if "model_name" in labels:
-            seen.models.add(labels["model_name"])
+        for key, label in labels:
+            if key == "model_name":
+                seen.models.add(label)
         if name == CACHE_CONFIG:
-            seen.cache_labels = labels
+            seen.cache_labels = dict(labels)
         elif name == LORA_INFO:
-            seen.lora_labels = labels
-        seen.sums[name] = seen.sums.get(name, 0.0) + value
-        seen.counts[name] = seen.counts.get(name, 0) + 1
+            seen.lora_labels = dict(labels)
+        sums[name] = sums.get(name, 0.0) + value
+        counts[name] = counts.get(name, 0) + 1
     return seen
 
 

