@@ -3,7 +3,8 @@
 Each routed request adds its uncached prompt tokens to the endpoint's queue, which drains at the endpoint's
 prefill rate. A burst therefore raises the chosen endpoint's estimate immediately, between scrapes, so the next
 request of the burst does not land on the same "idle" backend. Requests routed since the last scrape are also
-counted, so the scraped waiting count can be corrected until the next scrape sees them.
+counted, so the scraped waiting count can be corrected until the next scrape sees them: a scrape shows the
+requests routed before its request went out, not those routed while its answer was on the way.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from extproc.types import EndpointId
 class _Queue:
     tokens: float = 0.0
     updated_s: float = 0.0
-    routed_since_scrape: int = 0
+    routed: int = 0  # requests routed here, ever
+    shown: int = 0  # of those, how many the last scrape shows
+    sent_mark: int | None = None  # ``routed`` when the scrape now on its way was sent
 
 
 class InflightLoad:
@@ -42,19 +45,26 @@ class InflightLoad:
         """Called once per routed request, right after the decision."""
         q = self._drained(endpoint)
         q.tokens += uncached_tokens
-        q.routed_since_scrape += 1
+        q.routed += 1
         self._mean_uncached += 0.05 * (uncached_tokens - self._mean_uncached)
 
+    def scrape_sent(self, endpoint: EndpointId) -> None:
+        """Called as a metrics request to ``endpoint`` goes out: its answer will show what we routed before."""
+        q = self._drained(endpoint)
+        q.sent_mark = q.routed
+
     def scraped(self, endpoint: EndpointId) -> None:
-        """Called when a fresh scrape of ``endpoint`` arrived: it now shows what we routed before."""
-        self._drained(endpoint).routed_since_scrape = 0
+        """Called when that scrape's answer arrived (without ``scrape_sent``: it shows all we routed)."""
+        q = self._drained(endpoint)
+        q.shown = max(q.shown, q.routed if q.sent_mark is None else q.sent_mark)
+        q.sent_mark = None
 
     def queued_tokens(self, endpoint: EndpointId) -> float:
         return self._drained(endpoint).tokens
 
     def routed_since_scrape(self, endpoint: EndpointId) -> int:
         q = self._queues.get(endpoint)
-        return q.routed_since_scrape if q else 0
+        return q.routed - q.shown if q else 0
 
     @property
     def mean_uncached_tokens(self) -> float:

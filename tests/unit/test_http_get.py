@@ -8,58 +8,8 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from extproc.backends.http_get import MAX_BODY_BYTES, GetFailed, GetUnreachable, HttpGetter, parse_http_url
-
-Reply = Callable[[int], bytes | None]  # request number on this server -> raw answer (None: close at once)
-
-
-class ScriptedServer:
-    """Answers each GET with ``reply(n)``; counts connections; ``close_after`` closes a connection after one."""
-
-    def __init__(self, reply: Reply, *, close_after: bool = False, delay_s: float = 0.0) -> None:
-        self.reply, self.close_after, self.delay_s = reply, close_after, delay_s
-        self.requests = 0
-        self.connections = 0
-        self.port = 0
-        self._server: asyncio.Server | None = None
-        self._handlers: set[asyncio.Task[None]] = set()
-
-    async def __aenter__(self) -> ScriptedServer:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for task in self._handlers:
-            task.cancel()
-        await asyncio.gather(*self._handlers, return_exceptions=True)
-        await self._server.wait_closed()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        task = asyncio.current_task()
-        assert task is not None
-        self._handlers.add(task)
-        try:
-            while await reader.readuntil(b"\r\n\r\n"):
-                answer = self.reply(self.requests)
-                self.requests += 1
-                await asyncio.sleep(self.delay_s)
-                if answer is None:
-                    break
-                writer.write(answer)
-                await writer.drain()
-                if self.close_after:
-                    break
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
-            pass
-        finally:
-            writer.close()
-
-
-def ok(body: bytes, extra: str = "") -> bytes:
-    return f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode() + body
+from tests.support.polling import until
+from tests.support.scripted_http import ScriptedServer, ok
 
 
 def chunked(*parts: bytes) -> bytes:
@@ -137,6 +87,26 @@ async def test_a_slow_server_times_out(getter_for) -> None:
     async with ScriptedServer(lambda n: ok(b"late"), delay_s=1.0) as server:
         with pytest.raises(GetFailed, match="no answer within"):
             await getter_for(server, timeout_s=0.1).get()
+
+
+async def test_with_read_after_the_answer_waits_in_the_socket_until_the_event(getter_for) -> None:
+    async with ScriptedServer(lambda n: ok(b"page %d" % n)) as server:
+        getter, read = getter_for(server), asyncio.Event()
+        call = asyncio.create_task(getter.get(read))
+        await until(lambda: server.requests == 1, what="the request sent")
+        await asyncio.sleep(0.05)  # the answer is in the socket by now
+        assert not call.done()
+        read.set()
+        assert await call == b"page 0"
+        assert await getter.get(read) == b"page 1"  # an event already set: read at once
+
+
+async def test_the_timeout_counts_the_wait_for_read_after(getter_for) -> None:
+    async with ScriptedServer(lambda n: ok(b"page %d" % n)) as server:
+        getter = getter_for(server, timeout_s=0.1)
+        with pytest.raises(GetFailed, match="no answer within"):
+            await getter.get(asyncio.Event())
+        assert await getter.get() == b"page 1"  # a fresh connection; the held answer was dropped with the old
 
 
 async def test_a_refused_connection_is_unreachable() -> None:
