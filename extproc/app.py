@@ -105,7 +105,6 @@ class App:
             interval_s=config.scrape.interval_s,
             timeout_s=config.scrape.timeout_s,
             discover_interval_s=config.scrape.discover_interval_s,
-            read_after_s=config.scrape.read_after_s,
             on_send=self.inflight.scrape_sent,
             on_scrape=self.inflight.scraped,
             on_down=lambda eid: self.lifecycle.down(eid),

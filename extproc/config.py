@@ -127,19 +127,6 @@ class ScrapeConfig(_Strict):
     timeout_s: float = Field(0.5, gt=0, description="per scrape")
     stale_after_s: float = Field(2.0, gt=0, description="load older than this counts as unknown")
     discover_interval_s: float = Field(5.0, gt=0, description="how often /v1/models is re-read")
-    read_after_s: float = Field(
-        0.02,
-        ge=0,
-        description="a round's answers wait in their sockets this long, then are read together: one wake-up of "
-        "the picker per round, not one per endpoint (~0.15 ms of CPU each on small VMs); an answer later than "
-        "that is read when it comes; 0 reads each at once",
-    )
-
-    @model_validator(mode="after")
-    def _read_within_interval(self) -> ScrapeConfig:
-        if self.read_after_s >= self.interval_s:
-            raise ValueError(f"read_after_s ({self.read_after_s}) must be below interval_s ({self.interval_s})")
-        return self
 
 
 class TtftProfileConfig(_Strict):

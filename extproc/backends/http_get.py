@@ -142,16 +142,12 @@ class HttpGetter:
         self._request = f"GET {path} HTTP/1.1\r\nHost: {host_header}:{port}\r\nAccept: text/plain\r\n\r\n".encode()
         self._conn: _Response | None = None
 
-    async def get(self, read_after: asyncio.Event | None = None) -> bytes:
-        """The body of a 2xx answer. Raises ``GetUnreachable`` / ``GetFailed``; never anything else.
-
-        With ``read_after``, the answer is left in the socket until that event is set: several getters given
-        one event read their answers in one wake-up of the process (``Scraper``), not one each. The timeout
-        counts from the call, waiting included."""
+    async def get(self) -> bytes:
+        """The body of a 2xx answer. Raises ``GetUnreachable`` / ``GetFailed``; never anything else."""
         try:
             # asyncio.timeout, not wait_for: wait_for wraps the call in a task of its own
             async with asyncio.timeout(self._timeout_s):
-                return await self._get(read_after)
+                return await self._get()
         except TimeoutError:
             self.close()
             raise GetFailed(f"no answer within {self._timeout_s}s") from None
@@ -162,32 +158,22 @@ class HttpGetter:
             self.close()
             raise GetUnreachable(f"{type(exc).__name__}: {exc}") from exc
 
-    async def _get(self, read_after: asyncio.Event | None) -> bytes:
+    async def _get(self) -> bytes:
         conn = self._conn
         if conn is not None and not conn.closed and conn.transport is not None and not conn.transport.is_closing():
             try:
-                return await self._exchange(conn, read_after)
+                return await self._exchange(conn)
             except GetUnreachable:  # the server closed the idle connection meanwhile: not a failure yet
                 self.close()
         loop = asyncio.get_running_loop()
         _, conn = await loop.create_connection(_Response, self._host, self._port)
         self._conn = conn
-        return await self._exchange(conn, read_after)
+        return await self._exchange(conn)
 
-    async def _exchange(self, conn: _Response, read_after: asyncio.Event | None) -> bytes:
+    async def _exchange(self, conn: _Response) -> bytes:
         waiter = conn.expect()
-        transport = conn.transport
-        assert transport is not None
-        transport.write(self._request)
-        if read_after is not None and not read_after.is_set():
-            # Paused before the loop runs again, so the answer cannot wake the process on its own: it waits in
-            # the socket's buffer (a /metrics page fits) until the event.
-            transport.pause_reading()
-            try:
-                await read_after.wait()
-            finally:
-                if not transport.is_closing():
-                    transport.resume_reading()
+        assert conn.transport is not None
+        conn.transport.write(self._request)
         status, body = await waiter
         if not 200 <= status < 300:
             raise GetFailed(f"HTTP {status}")

@@ -1,13 +1,11 @@
 """Background scraping of each endpoint's ``/metrics`` (load) and ``/v1/models`` (what it serves).
 
 One ticker, owned by ``Scraper``, starts a round each interval: every endpoint's loop (one long-lived task per
-endpoint) sends its request, and an endpoint whose last scrape is still running sits that round out, so a slow
-one never delays the others. On this kind of VM each wake-up of the process costs ~0.1-0.2 ms of CPU, more
-than reading a page, so a round is built to wake the process twice, not once per endpoint and answer:
-
-- one timer for all endpoints (the ticker), not one each;
-- the answers wait in their sockets until ``read_after_s`` past the round's start (a /metrics page takes the
-  engine a few ms), then all are read in one wake-up. An answer not in by then is read when it comes.
+endpoint, not a task per scrape) sends its request, and an endpoint whose last scrape is still running sits
+that round out, so a slow one never delays the others. One timer for all endpoints, not one per endpoint: on
+this kind of VM a wake-up of the process after a sleep costs ~0.2 ms of CPU, about what reading a page costs.
+(Holding a round's answers in their sockets to read them in one wake-up was measured too: the wake-ups that
+follow a request within a few ms are cheap, and the CPU did not move; ``bench/scrape_cost.py``.)
 
 Each call has a timeout; failures are logged once per change of state, never raised.
 """
@@ -40,7 +38,6 @@ class Scraper:
         interval_s: float,
         timeout_s: float,
         discover_interval_s: float,
-        read_after_s: float = 0.0,
         on_send: Callable[[EndpointId], None] | None = None,
         on_scrape: Callable[[EndpointId], None] | None = None,
         metrics_urls: Mapping[EndpointId, str] | None = None,
@@ -56,11 +53,9 @@ class Scraper:
         self._on_send = on_send  # called as a metrics request goes out (the page shows what was routed before)
         self._on_scrape = on_scrape
         self._on_down = on_down  # called once when an endpoint turns unhealthy (its engine died or restarts)
-        self._read_after_s = read_after_s  # below interval_s (ScrapeConfig checks)
         self._loops: dict[EndpointId, asyncio.Task[None]] = {}  # one per endpoint, for its lifetime here
         self._round = asyncio.Event()  # set when a round starts; replaced by a fresh one for the next
         self._rounds = 0  # rounds started
-        self._read = asyncio.Event()  # set read_after_s into a round, when its answers are read
         self._ticker: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
         self._getters: dict[EndpointId, HttpGetter] = {}  # plain-http metrics URLs: the lean client
@@ -126,7 +121,7 @@ class Scraper:
         if getter is None and (target := parse_http_url(url)) is not None:
             getter = self._getters[eid] = HttpGetter(*target, timeout_s=self._timeout_s)
         if getter is not None:
-            return (await getter.get(self._read)).decode("utf-8")
+            return (await getter.get()).decode("utf-8")
         assert self._session is not None
         async with self._session.get(url) as resp:
             resp.raise_for_status()
@@ -162,13 +157,9 @@ class Scraper:
                 if eid not in self._loops:
                     self._loops[eid] = asyncio.create_task(self._endpoint_loop(eid), name=f"scrape {eid}")
             started, self._round = self._round, asyncio.Event()
-            self._read = asyncio.Event()  # this round's answers wait for it; a request sent later reads at once
             self._rounds += 1
             started.set()
-            if self._read_after_s > 0:
-                await asyncio.sleep(self._read_after_s)
-            self._read.set()
-            await asyncio.sleep(self._interval_s - self._read_after_s)
+            await asyncio.sleep(self._interval_s)
 
     async def _endpoint_loop(self, eid: EndpointId) -> None:
         """Scrapes ``eid`` once per round it is free for; discovery every ``discover_interval_s``."""

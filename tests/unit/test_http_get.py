@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable
 
 import pytest
 
 from extproc.backends.http_get import MAX_BODY_BYTES, GetFailed, GetUnreachable, HttpGetter, parse_http_url
-from tests.support.polling import until
 from tests.support.scripted_http import ScriptedServer, ok
 
 
@@ -87,26 +85,6 @@ async def test_a_slow_server_times_out(getter_for) -> None:
     async with ScriptedServer(lambda n: ok(b"late"), delay_s=1.0) as server:
         with pytest.raises(GetFailed, match="no answer within"):
             await getter_for(server, timeout_s=0.1).get()
-
-
-async def test_with_read_after_the_answer_waits_in_the_socket_until_the_event(getter_for) -> None:
-    async with ScriptedServer(lambda n: ok(b"page %d" % n)) as server:
-        getter, read = getter_for(server), asyncio.Event()
-        call = asyncio.create_task(getter.get(read))
-        await until(lambda: server.requests == 1, what="the request sent")
-        await asyncio.sleep(0.05)  # the answer is in the socket by now
-        assert not call.done()
-        read.set()
-        assert await call == b"page 0"
-        assert await getter.get(read) == b"page 1"  # an event already set: read at once
-
-
-async def test_the_timeout_counts_the_wait_for_read_after(getter_for) -> None:
-    async with ScriptedServer(lambda n: ok(b"page %d" % n)) as server:
-        getter = getter_for(server, timeout_s=0.1)
-        with pytest.raises(GetFailed, match="no answer within"):
-            await getter.get(asyncio.Event())
-        assert await getter.get() == b"page 1"  # a fresh connection; the held answer was dropped with the old
 
 
 async def test_a_refused_connection_is_unreachable() -> None:
