@@ -172,13 +172,7 @@ def parse_metrics(text: str) -> EngineMetrics:
             seen = _read(line for line in text.splitlines() if line.startswith("vllm:") and line.startswith(_WANTED))
     except (ValueError, IndexError) as exc:
         raise MetricsParseError(f"unparsable metrics line: {exc}") from exc
-    sums, counts, models, cache_labels, lora_labels = (
-        seen.sums,
-        seen.counts,
-        seen.models,
-        seen.cache_labels,
-        seen.lora_labels,
-    )
+    sums, counts, cache_labels, lora_labels = seen.sums, seen.counts, seen.cache_labels, seen.lora_labels
     if RUNNING not in sums or WAITING not in sums:
         raise MetricsParseError("not a vLLM metrics page: no running/waiting gauges")
     kv_name = KV_USAGE if KV_USAGE in sums else OLD_KV_USAGE
@@ -191,7 +185,7 @@ def parse_metrics(text: str) -> EngineMetrics:
         running=int(sums[RUNNING]),
         waiting=int(sums[WAITING]),
         kv_usage=min(max(kv, 0.0), 1.0),
-        models=frozenset(models),
+        models=frozenset(seen.models),
         block_size=_int(cache_labels.get("block_size")),
         hash_algo=cache_labels.get("prefix_caching_hash_algo"),
         prefix_caching=_bool(cache_labels.get("enable_prefix_caching")),
