@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shutil
 import statistics
 import subprocess
 import sys
@@ -104,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     for i, tree in enumerate(trees):
         sim_us, vllm_us = parse_us(tree, pages)
         print(f"tree {i}: {sim_us:7.1f} {vllm_us:7.1f}")
+    if not args.workdir:
+        shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 
