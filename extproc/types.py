@@ -57,7 +57,7 @@ class LoadSnapshot:
     kv_usage: float = 0.0  # 0..1
     known: bool = False
     scraped_at_s: float = 0.0  # monotonic
-    inflight_requests: int = 0  # routed by us, not yet seen finished
+    inflight_requests: int = 0  # routed by us since what the last scrape can show (InflightLoad)
     queued_prefill_tokens: float = 0.0  # uncached prompt tokens we estimate are still ahead in its queue
 
 

@@ -145,7 +145,8 @@ class HttpGetter:
     async def get(self) -> bytes:
         """The body of a 2xx answer. Raises ``GetUnreachable`` / ``GetFailed``; never anything else."""
         try:
-            # asyncio.timeout, not wait_for: wait_for wraps the call in a task of its own
+            # asyncio.timeout, not wait_for: wait_for wraps the call in a task of its own, and in 3.11 it can
+            # swallow a cancellation that arrives as the call completes (gh-86296; extproc/tasks.py)
             async with asyncio.timeout(self._timeout_s):
                 return await self._get()
         except TimeoutError:

@@ -3,8 +3,10 @@
 Each routed request adds its uncached prompt tokens to the endpoint's queue, which drains at the endpoint's
 prefill rate. A burst therefore raises the chosen endpoint's estimate immediately, between scrapes, so the next
 request of the burst does not land on the same "idle" backend. Requests routed since the last scrape are also
-counted, so the scraped waiting count can be corrected until the next scrape sees them: a scrape shows the
-requests routed before its request went out, not those routed while its answer was on the way.
+counted, so the scraped waiting count can be corrected until the next scrape sees them. A scrape shows at most
+the requests routed before its request went out, never those routed while its answer was on the way; a request
+routed just before may still be on its way through Envoy and the engine's front end (counted as shown: the
+virtual queue still holds its tokens).
 """
 
 from __future__ import annotations
@@ -60,9 +62,11 @@ class InflightLoad:
         q.sent_mark = None
 
     def queued_tokens(self, endpoint: EndpointId) -> float:
+        """Uncached prompt tokens we routed to ``endpoint`` and its prefill has not drained yet, by our clock."""
         return self._drained(endpoint).tokens
 
     def routed_since_scrape(self, endpoint: EndpointId) -> int:
+        """Requests we routed to ``endpoint`` that no scrape's answer can show yet (module docstring)."""
         q = self._queues.get(endpoint)
         return q.routed - q.shown if q else 0
 
@@ -72,4 +76,5 @@ class InflightLoad:
         return self._mean_uncached
 
     def forget(self, endpoint: EndpointId) -> None:
+        """Drop ``endpoint``'s queue and counts (it left the fleet); a scrape of it then in flight shows all."""
         self._queues.pop(endpoint, None)

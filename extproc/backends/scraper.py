@@ -56,6 +56,7 @@ class Scraper:
         self._loops: dict[EndpointId, asyncio.Task[None]] = {}  # one per endpoint, for its lifetime here
         self._round = asyncio.Event()  # set when a round starts; replaced by a fresh one for the next
         self._rounds = 0  # rounds started
+        self._leaving: set[asyncio.Task[None]] = set()  # loops of endpoints set_targets removed, until they end
         self._ticker: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
         self._getters: dict[EndpointId, HttpGetter] = {}  # plain-http metrics URLs: the lean client
@@ -71,6 +72,8 @@ class Scraper:
             task = self._loops.pop(eid, None)
             if task is not None:
                 task.cancel()
+                self._leaving.add(task)  # stop() still awaits it; it ends itself too (it no longer owns eid)
+                task.add_done_callback(self._leaving.discard)
             getter = self._getters.pop(eid, None)
             if getter is not None:
                 getter.close()
@@ -82,7 +85,8 @@ class Scraper:
             self._metrics_urls.setdefault(eid, f"{url}/metrics")
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._ticker, *self._loops.values()) if t is not None]
+        """Stop the ticker and every endpoint's loop (awaited), close the connections."""
+        tasks = [t for t in (self._ticker, *self._loops.values(), *self._leaving) if t is not None]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -93,7 +97,8 @@ class Scraper:
             await self._session.close()
 
     async def scrape_once(self, eid: EndpointId, *, discover: bool) -> None:
-        """One metrics read (and optionally one models read) of ``eid``; updates the registry."""
+        """One metrics read (and optionally one models read) of ``eid``; updates the registry. Not while
+        ``eid``'s own loop runs (one scrape in flight per endpoint: ``on_send`` marks what its answer shows)."""
         if discover:
             await self._discover(eid)
         if self._on_send:
@@ -153,8 +158,11 @@ class Scraper:
 
     async def _tick_loop(self) -> None:
         while True:
-            for eid in self._urls:
-                if eid not in self._loops:
+            for eid in list(self._urls):
+                task = self._loops.get(eid)
+                if task is None or task.done():
+                    if task is not None:  # only cancelling it from outside ends a loop; a stray one did
+                        log.warning("the scrape loop of %s ended; starting it again", eid)
                     self._loops[eid] = asyncio.create_task(self._endpoint_loop(eid), name=f"scrape {eid}")
             started, self._round = self._round, asyncio.Event()
             self._rounds += 1
@@ -162,13 +170,18 @@ class Scraper:
             await asyncio.sleep(self._interval_s)
 
     async def _endpoint_loop(self, eid: EndpointId) -> None:
-        """Scrapes ``eid`` once per round it is free for; discovery every ``discover_interval_s``."""
-        tick, seen = 0, self._rounds - 1  # a loop starts in its first round, not one interval later
-        while True:
+        """Scrapes ``eid`` once per round it is free for, with discovery first when ``discover_interval_s``
+        worth of rounds passed since the last; ends when ``eid`` is no longer this loop's."""
+        seen = self._rounds - 1  # a loop starts in its first round, not one interval later
+        discovered: int | None = None  # the round of the last discovery
+        while self._loops.get(eid) is asyncio.current_task():
             if seen == self._rounds:
                 await self._round.wait()
-            await self._scrape_safely(eid, discover=tick % self._discover_every == 0)
-            tick, seen = tick + 1, self._rounds  # rounds begun while this scrape ran are skipped, not made up
+            discover = discovered is None or self._rounds - discovered >= self._discover_every
+            if discover:
+                discovered = self._rounds
+            await self._scrape_safely(eid, discover=discover)
+            seen = self._rounds  # rounds begun while this scrape ran are skipped, not made up
 
     async def _scrape_safely(self, eid: EndpointId, *, discover: bool) -> None:
         try:

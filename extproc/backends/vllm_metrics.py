@@ -58,7 +58,8 @@ _FAMILIES: dict[str, tuple[str, ...]] = {}
 for _sample in _WANTED:
     for _family in {_sample, _sample.removesuffix("_total").removesuffix("_sum").removesuffix("_count")}:
         _FAMILIES[_family] = (*_FAMILIES.get(_family, ()), _sample)
-_HEADS_REMEMBERED = 512  # sample heads (name and labels) of a few engines' pages, with room for label churn
+_HEADS_REMEMBERED = 4096  # sample heads (name and labels): ~15 per engine and model of a page, ~270 such pages
+_MEMO_HEAD_CHARS = 2048  # vLLM 0.32's longest, cache_config_info's, is ~1.2K characters
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
@@ -106,18 +107,23 @@ def _split(line: str) -> tuple[str, tuple[tuple[str, str], ...], float]:
         head, rest = line[: close + 1], line[close + 1 :]
     else:
         head, _, rest = line.partition(" ")
-    name, labels = _head(head)
+    memo = len(head) <= _MEMO_HEAD_CHARS and not head.startswith(LORA_INFO)
+    name, labels = _memo_head(head) if memo else _read_head(head)
     return name, labels, float(rest.split()[0])
 
 
-@functools.lru_cache(maxsize=_HEADS_REMEMBERED)
-def _head(head: str) -> tuple[str, tuple[tuple[str, str], ...]]:
-    """A sample's name and label pairs. Memoized: an engine writes the same few heads on every page, and
-    reading their labels again was most of a scrape's parsing (a pure function of its argument)."""
+def _read_head(head: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """A sample's name and label pairs."""
     brace = head.find("{")
     if brace < 0:
         return head, ()
     return head[:brace], tuple(_LABEL.findall(head, brace + 1, len(head) - 1))
+
+
+# Memoized: an engine writes the same few heads on every page, and reading their labels again was most of a
+# scrape's parsing. A pure function of its argument, so one cache serves every scraper. Not memoized: the LoRA
+# line (its labels change with the adapters running) and heads longer than a sane exporter writes.
+_memo_head = functools.lru_cache(maxsize=_HEADS_REMEMBERED)(_read_head)
 
 
 @dataclass

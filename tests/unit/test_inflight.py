@@ -1,6 +1,8 @@
-"""``InflightLoad``: the virtual prefill queue, and which routed requests a scrape already shows."""
+"""``InflightLoad``: the virtual prefill queue, and which routed requests a scrape's answer can show."""
 
 from __future__ import annotations
+
+import pytest
 
 from extproc.backends.inflight import InflightLoad
 from extproc.types import EndpointId
@@ -19,34 +21,23 @@ def test_the_queue_drains_at_the_prefill_rate() -> None:
     assert load.queued_tokens(A) == 0.0
 
 
-def test_a_scrape_shows_what_was_routed_before_its_request_went_out_not_after() -> None:
+# steps: "r" routes a request, "s" a scrape's request goes out, "a" its answer arrives, "f" forget()
+@pytest.mark.parametrize(
+    ("steps", "not_shown"),
+    [
+        ("rrsra", 1),  # routed while the answer was on its way: the page cannot show it
+        ("rrr", 3),  # no scrape yet
+        ("rrra", 0),  # an answer without its sending noted shows everything routed
+        ("rrrasa", 0),  # an answer never shows less than an earlier one did
+        ("rsrsra", 1),  # a failed scrape (no answer): the next sending replaces its mark
+        ("rrsfra", 0),  # forgotten while a scrape was out: the answer shows all (the endpoint had left)
+    ],
+    ids=["routed-during-scrape", "no-scrape", "answer-without-send", "never-less", "failed-scrape", "forgotten"],
+)
+def test_what_a_scrape_can_show(steps: str, not_shown: int) -> None:
     load = InflightLoad(1000.0)
-    load.add(A, 10)
-    load.add(A, 10)
-    load.scrape_sent(A)
-    load.add(A, 10)  # routed while the answer was on its way: the page cannot show it
-    assert load.routed_since_scrape(A) == 3
-    load.scraped(A)
-    assert load.routed_since_scrape(A) == 1
-
-
-def test_a_scrape_without_its_sending_noted_shows_everything_routed() -> None:
-    load = InflightLoad(1000.0)
-    for _ in range(3):
-        load.add(A, 10)
-    load.scraped(A)
-    assert load.routed_since_scrape(A) == 0
-    load.scrape_sent(A)
-    load.scraped(A)  # an answer never shows less than an earlier one did
-    assert load.routed_since_scrape(A) == 0
-
-
-def test_a_failed_scrape_leaves_the_count_and_the_next_sending_replaces_its_mark() -> None:
-    load = InflightLoad(1000.0)
-    load.add(A, 10)
-    load.scrape_sent(A)  # this one fails: no scraped()
-    load.add(A, 10)
-    load.scrape_sent(A)
-    load.add(A, 10)
-    load.scraped(A)
-    assert load.routed_since_scrape(A) == 1
+    act = {"r": lambda: load.add(A, 10), "s": lambda: load.scrape_sent(A), "a": lambda: load.scraped(A),
+           "f": lambda: load.forget(A)}  # fmt: skip
+    for step in steps:
+        act[step]()
+    assert load.routed_since_scrape(A) == not_shown
