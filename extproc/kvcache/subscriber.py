@@ -158,8 +158,15 @@ class _Readable:
         self._loop = asyncio.get_running_loop()
         self._signal = asyncio.Event()
         self._fds = [int(s.getsockopt(zmq.FD)) for s in sockets]
-        for fd in self._fds:
-            self._loop.add_reader(fd, self._signal.set)
+        for fd, sock in zip(self._fds, sockets, strict=True):
+            self._loop.add_reader(fd, self._look, sock)
+
+    def _look(self, sock: zmq.Socket[bytes]) -> None:
+        """The FD is readable: wake the waiter. Reading ``ZMQ_EVENTS`` here takes the FD's signal down;
+        left up, the loop would call this again on every turn while the waiter is busy elsewhere (an
+        index write awaiting Redis, say): a spin."""
+        sock.getsockopt(zmq.EVENTS)
+        self._signal.set()
 
     def _ready(self) -> list[zmq.Socket[bytes]]:
         return [s for s in self._sockets if int(s.getsockopt(zmq.EVENTS)) & zmq.POLLIN]

@@ -14,7 +14,7 @@ import zmq.asyncio
 from extproc.kvcache.gate import Position, SharedState, digest
 from extproc.kvcache.ingest import Ingest, IngestCounters
 from extproc.kvcache.memory_index import MemoryPrefixIndex
-from extproc.kvcache.subscriber import EventSource, KvEventSubscriber, StreamCounters, SubscriberOptions
+from extproc.kvcache.subscriber import EventSource, KvEventSubscriber, StreamCounters, SubscriberOptions, _Readable
 from extproc.types import BlockHash, EndpointId, HashScheme
 from tests.support.polling import until
 from vllm_sim.events import AllBlocksCleared
@@ -467,3 +467,41 @@ async def test_an_empty_shared_index_confirms_at_once() -> None:
         await sub.close()
         await pub.close()
         ctx.destroy(linger=0)
+
+
+async def test_a_stream_socket_wakes_its_reader_once_per_arrival_not_on_every_loop_turn() -> None:
+    """``_Readable`` takes the ZMQ FD's signal down in its callback: while nobody waits (the stream's loop is
+    busy applying a batch), an arrival must not make the event loop call it again on every turn."""
+
+    class Counted(_Readable):
+        looks = 0
+
+        def _look(self, sock: zmq.Socket[bytes]) -> None:
+            Counted.looks += 1
+            super()._look(sock)
+
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    pub, sub = ctx.socket(zmq.PUB), ctx.socket(zmq.SUB)
+    readable: Counted | None = None
+    try:
+        port = pub.bind_to_random_port("tcp://127.0.0.1")
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(f"tcp://127.0.0.1:{port}")
+        readable = Counted((sub,))
+        for _ in range(300):  # ZMQ's slow joiner: publish until the subscription is live
+            pub.send(b"hello")
+            if await readable.wait(0.02):
+                break
+        while int(sub.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            sub.recv(zmq.NOBLOCK)
+        Counted.looks = 0
+        pub.send(b"while busy")
+        await asyncio.sleep(0.2)  # nobody waits: the loop turns freely
+        assert 1 <= Counted.looks <= 3, Counted.looks
+        assert await readable.wait(1.0) == [sub]
+    finally:
+        if readable is not None:
+            readable.close()
+        pub.close(linger=0)
+        sub.close(linger=0)
+        ctx.term()
