@@ -114,7 +114,9 @@ class CachedHasher:
         self._max_bytes = max_bytes
         self._chunks: OrderedDict[tuple[bytes, ExtraKeys, bytes], _Chunk] = OrderedDict()
         self._chunk_bytes = 0
-        self._prompts: KeyedLru[_HeadKey, _Prompt] = KeyedLru(max_bytes // 4, _RECALL_PER_HEAD)
+        prompt_budget = max_bytes // 4  # whole long prompts; the chunks get the rest
+        self._chunk_budget = max_bytes - prompt_budget
+        self._prompts: KeyedLru[_HeadKey, _Prompt] = KeyedLru(prompt_budget, _RECALL_PER_HEAD)
         self._lock = threading.Lock()
         self.stats = HashCacheStats()
 
@@ -201,7 +203,7 @@ class CachedHasher:
                 self._chunks[key] = chunk
                 self._chunk_bytes += chunk.size_bytes
                 parent = chunk.last
-            while self._chunk_bytes > self._max_bytes - self._max_bytes // 4 and self._chunks:
+            while self._chunk_bytes > self._chunk_budget and self._chunks:
                 _, evicted = self._chunks.popitem(last=False)
                 self._chunk_bytes -= evicted.size_bytes
             self.stats.entries = len(self._chunks)

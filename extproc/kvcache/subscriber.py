@@ -149,8 +149,8 @@ class _Stream:
 class _Readable:
     """Which of a stream's sockets have a message, waking the loop through a reader on each socket's ``ZMQ_FD``
     kept for the sockets' life. zmq.asyncio's Poller builds futures, callbacks and a timer per call and takes one
-    more turn of the loop: on this kind of VM ~150 of the ~550 us of CPU a message cost (``bench/results/
-    scrape-cost/notes.md``). The FD is edge-triggered and only says "look": ``ZMQ_EVENTS`` is read after the
+    more turn of the loop: on this kind of VM ~100-200 of the 300-550 us of CPU a message cost (``bench/results/
+    events-cost/notes.md``). The FD is edge-triggered and only says "look": ``ZMQ_EVENTS`` is read after the
     signal is cleared, so a message arriving between the two still wakes the next wait."""
 
     def __init__(self, sockets: tuple[zmq.Socket[bytes], ...]) -> None:
