@@ -105,6 +105,7 @@ class App:
             interval_s=config.scrape.interval_s,
             timeout_s=config.scrape.timeout_s,
             discover_interval_s=config.scrape.discover_interval_s,
+            narrow_pages=config.scrape.narrow_pages,
             on_send=self.inflight.scrape_sent,
             on_scrape=self.inflight.scraped,
             on_down=lambda eid: self.lifecycle.down(eid),

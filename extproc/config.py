@@ -127,6 +127,11 @@ class ScrapeConfig(_Strict):
     timeout_s: float = Field(0.5, gt=0, description="per scrape")
     stale_after_s: float = Field(2.0, gt=0, description="load older than this counts as unknown")
     discover_interval_s: float = Field(5.0, gt=0, description="how often /v1/models is re-read")
+    narrow_pages: bool = Field(
+        True,
+        description="ask each engine for only the samples the picker reads (vLLM: /metrics/?name[]=...; 59 KB -> "
+        "4 KB, and ~5x less of the engine's CPU per read); an endpoint that does not honour it is read whole",
+    )
 
 
 class TtftProfileConfig(_Strict):

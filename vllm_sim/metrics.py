@@ -9,7 +9,7 @@ its end happen, in model (virtual) time.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
@@ -215,6 +215,25 @@ class ServerMetrics:
         if key in self._totals:
             self._totals[key] += 1
 
-    def render(self) -> bytes:
-        """The Prometheus text exposition."""
-        return bytes(generate_latest(self.registry))
+    def render(self, names: Collection[str] = ()) -> bytes:
+        """The Prometheus text exposition; with ``names``, only the samples so named (prometheus_client's
+        ``name[]`` filter, as vLLM's mounted exposition app applies it: families without one are left out)."""
+        if not names:
+            return bytes(generate_latest(self.registry))
+        return bytes(generate_latest(_Only(self.registry, frozenset(names))))
+
+
+class _Only:
+    """A registry's families, each with only the samples named in ``names`` (and left out without any)."""
+
+    def __init__(self, registry: CollectorRegistry, names: frozenset[str]) -> None:
+        self._registry = registry
+        self._names = names
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._registry.collect():
+            samples = [s for s in family.samples if s.name in self._names]
+            if samples:
+                kept = Metric(family.name, family.documentation, family.type)
+                kept.samples = samples
+                yield kept

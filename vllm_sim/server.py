@@ -60,6 +60,7 @@ class SimServer:
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics_endpoint)
+        app.router.add_get("/metrics/{below:.*}", self.metrics_mount)
         app.router.add_post("/tokenize", self.tokenize)
         app.router.add_post("/v1/completions/render", self.render_completion)
         app.router.add_post("/v1/chat/completions/render", self.render_chat)
@@ -105,7 +106,14 @@ class SimServer:
         return web.Response(status=200 if self.engine.healthy else 500)
 
     async def metrics_endpoint(self, request: web.Request) -> web.Response:
+        """vLLM's ``GET /metrics`` (the request-metrics instrumentator's route): the whole page, any query ignored."""
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def metrics_mount(self, request: web.Request) -> web.Response:
+        """Any path below ``/metrics/`` (vLLM mounts prometheus_client's exposition app there): the samples named
+        by the ``name[]`` query parameters, or the whole page without any."""
+        names = request.query.getall("name[]", [])
+        return web.Response(body=self.metrics.render(names), headers={"Content-Type": CONTENT_TYPE})
 
     def _model_card(self, name: str, root: str, parent: str | None) -> dict[str, Any]:
         permission = {

@@ -7,8 +7,8 @@ with an ``asyncio.Protocol`` (no stream or task per request). Plain ``http://`` 
 redirects, proxies) belongs to aiohttp, which the scraper keeps for those URLs.
 
 Failures raise ``GetUnreachable`` (connect refused / reset before an answer: the server is down) or
-``GetFailed`` (status not 2xx, malformed answer, too large, timeout). A failed connection is dropped and
-re-opened on the next call.
+``GetFailed`` (malformed answer, too large, timeout; its ``GetStatus`` for a status not 2xx). A failed
+connection is dropped and re-opened on the next call.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from urllib.parse import urlsplit
 
-__all__ = ["GetFailed", "GetUnreachable", "HttpGetter", "parse_http_url"]
+__all__ = ["GetFailed", "GetStatus", "GetUnreachable", "HttpGetter", "parse_http_url"]
 
 MAX_BODY_BYTES = 8 << 20  # a /metrics page is ~10-100 KB; a server sending more is misbehaving
 _MAX_HEAD_BYTES = 64 << 10
@@ -24,6 +24,14 @@ _MAX_HEAD_BYTES = 64 << 10
 
 class GetFailed(Exception):
     """The server answered badly, too slowly, or not in HTTP."""
+
+
+class GetStatus(GetFailed):
+    """The server answered with a status other than 2xx (``status``)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
 
 
 class GetUnreachable(GetFailed):
@@ -177,7 +185,7 @@ class HttpGetter:
         conn.transport.write(self._request)
         status, body = await waiter
         if not 200 <= status < 300:
-            raise GetFailed(f"HTTP {status}")
+            raise GetStatus(status)
         return body
 
     def close(self) -> None:

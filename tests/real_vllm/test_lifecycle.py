@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 
 from bench.vllm_cpu import MODEL
-from extproc.backends.vllm_metrics import parse_metrics
+from extproc.backends.vllm_metrics import narrow_url, parse_metrics
 from extproc.config import MemoryIndexConfig
 from tests.real_vllm.checks import Checked, Tally, checked, post_json
 from tests.real_vllm.fleet import BLOCK_SIZE, NUM_GPU_BLOCKS, Fleet
@@ -29,8 +29,9 @@ def engine_index(fleet: Fleet, address: str) -> int:
     return next(i for i, e in enumerate(fleet.engines) if e.address == address)
 
 
-def scrape(fleet: Fleet, index: int) -> str:
-    with urllib.request.urlopen(fleet.engine_url(index, "/metrics"), timeout=5) as resp:
+def scrape(fleet: Fleet, index: int, *, narrowed: bool = False) -> str:
+    url = fleet.engine_url(index, "/metrics")
+    with urllib.request.urlopen(narrow_url(url) or url if narrowed else url, timeout=5) as resp:
         return str(resp.read().decode())
 
 
@@ -68,6 +69,9 @@ def test_metrics_parse_with_the_real_label_set(fleet: Fleet) -> None:
             frozenset({MODEL}),
         )
         assert 'engine="0"' in text and "vllm:num_requests_waiting_by_reason{" in text
+        # what the picker reads by default (scrape.narrow_pages): only the samples it parses, the same values
+        narrow = scrape(fleet, i, narrowed=True)
+        assert len(narrow) * 8 < len(text) and parse_metrics(narrow) == metrics
 
 
 def evict_after_warm(fleet: Fleet, tally: Tally, name: str, doc: str) -> tuple[Checked, Checked]:

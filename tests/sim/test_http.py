@@ -8,7 +8,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from extproc.backends.vllm_metrics import parse_metrics
+from extproc.backends.vllm_metrics import narrow_url, parse_metrics
 from tests.sim.helpers import sim_config
 from vllm_sim.cluster import SimCluster
 from vllm_sim.tokenize import PromptTokenizer
@@ -210,6 +210,23 @@ async def test_metrics_names_labels_and_counters(base: str) -> None:
         assert label in info
     assert 'vllm:lora_requests_info{max_lora="1"' in text
     assert 'vllm:request_success_total{engine="0",finished_reason="length",model_name="Qwen/Qwen3-0.6B"} 2.0' in text
+
+
+async def test_metrics_below_the_mount_honour_name_filters_as_vllm_does(base: str) -> None:
+    # vLLM 0.32 (bench/results/scrape-cost): GET /metrics?name[]=... is the instrumentator's route and answers the
+    # whole page; GET /metrics/?name[]=... reaches prometheus_client's app and answers only the named samples.
+    await _post(f"{base}/v1/completions", {"prompt": list(range(1000, 1040)), "max_tokens": 2})
+    narrowed = narrow_url(f"{base}/metrics")
+    assert narrowed is not None and narrowed.startswith(f"{base}/metrics/?name%5B%5D=vllm%3A")
+    _, whole = await _get(f"{base}/metrics")
+    _, ignored = await _get(narrowed.replace("/metrics/?", "/metrics?"))
+    _, narrow = await _get(narrowed)
+    assert len(ignored.splitlines()) == len(whole.splitlines())
+    assert len(narrow) * 4 < len(whole)
+    assert "_bucket" not in narrow and "vllm:e2e_request_latency" not in narrow
+    assert parse_metrics(narrow) == parse_metrics(whole)
+    _, below = await _get(f"{base}/metrics/")  # no filter: the whole page
+    assert len(below.splitlines()) == len(whole.splitlines())
 
 
 async def test_sim_requests_reports_the_model_ttft(base: str) -> None:

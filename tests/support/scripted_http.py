@@ -9,12 +9,14 @@ Reply = Callable[[int], bytes | None]  # request number on this server -> raw an
 
 
 class ScriptedServer:
-    """Answers each GET with ``reply(n)``; counts connections; ``close_after`` closes a connection after one."""
+    """Answers each GET with ``reply(n)``; counts connections and records each request's target in ``paths``
+    (``reply`` may read ``paths[n]``); ``close_after`` closes a connection after one answer."""
 
     def __init__(self, reply: Reply, *, close_after: bool = False, delay_s: float = 0.0) -> None:
         self.reply, self.close_after, self.delay_s = reply, close_after, delay_s
         self.requests = 0
         self.connections = 0
+        self.paths: list[str] = []  # the request line's target ("/metrics?x=1"), one per request
         self.port = 0
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[None]] = set()
@@ -38,7 +40,8 @@ class ScriptedServer:
         assert task is not None
         self._handlers.add(task)
         try:
-            while await reader.readuntil(b"\r\n\r\n"):
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                self.paths.append(head.split(b" ", 2)[1].decode("latin-1"))
                 answer = self.reply(self.requests)
                 self.requests += 1
                 await asyncio.sleep(self.delay_s)

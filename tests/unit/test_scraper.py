@@ -1,10 +1,14 @@
-"""``Scraper``: a round reads every endpoint and a slow one holds up none (scripted servers on 127.0.0.1); its
-loops per endpoint restart, discover by rounds and end with their endpoint (scrapes recorded, no network)."""
+"""``Scraper``: a round reads every endpoint and a slow one holds up none, pages are read narrowed where the
+server honours it (scripted servers on 127.0.0.1); its loops per endpoint restart, discover by rounds and end
+with their endpoint (scrapes recorded, no network)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
+
+import pytest
 
 from extproc.backends.registry import EndpointRegistry
 from extproc.backends.scraper import Scraper
@@ -16,13 +20,13 @@ PAGE = b'vllm:num_requests_running{model_name="m"} 1\nvllm:num_requests_waiting{
 
 
 def scraper_for(
-    servers: list[ScriptedServer], events: list[str], interval_s: float, timeout_s: float = 2.0
+    servers: list[ScriptedServer], events: list[str], interval_s: float, timeout_s: float = 2.0, *, narrow: bool = True
 ) -> tuple[Scraper, EndpointRegistry]:
     ids = [EndpointId(f"127.0.0.1:{s.port}") for s in servers]
     registry = EndpointRegistry([Endpoint(e) for e in ids])
     scraper = Scraper(
         registry, {e: f"http://{e}" for e in ids}, interval_s=interval_s, discover_interval_s=60.0,
-        timeout_s=timeout_s,
+        timeout_s=timeout_s, narrow_pages=narrow,
         on_send=lambda e: events.append(f"sent {e}"), on_scrape=lambda e: events.append(f"scraped {e}"),
     )  # fmt: skip
     return scraper, registry
@@ -59,6 +63,60 @@ async def test_a_slow_endpoint_sits_rounds_out_without_holding_up_the_others() -
             assert slow.requests == 1
         finally:
             await scraper.stop()
+
+
+NARROWED = "/metrics/?name%5B%5D="  # how a narrowed read's target begins (vllm_metrics.narrow_url)
+NOT_FOUND = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"
+BROKEN = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n"
+
+
+def metrics_reads(server: ScriptedServer) -> list[str]:
+    """``"narrow"`` or ``"whole"`` per metrics read, in order (discovery's reads left out)."""
+    return [("narrow" if p.startswith(NARROWED) else "whole") for p in server.paths if p.startswith("/metrics")]
+
+
+async def reads_of(reply: Callable[[str], bytes], *, narrow: bool = True, reads: int = 4) -> tuple[list[str], int]:
+    """The first ``reads`` metrics reads of one endpoint whose server answers ``reply(target)``, and whether its
+    load was read in the end."""
+    async with ScriptedServer(lambda n: reply(server.paths[n])) as server:
+        scraper, registry = scraper_for([server], [], interval_s=0.01, narrow=narrow)
+        await scraper.start()
+        try:
+            await until(lambda: len(metrics_reads(server)) >= reads, timeout_s=10.0, what=f"{reads} metrics reads")
+        finally:
+            await scraper.stop()
+        (record,) = registry.snapshot().values()
+        return metrics_reads(server)[:reads], record.metrics is not None
+
+
+@pytest.mark.parametrize(
+    ("case", "narrowed_answer", "expected"),
+    [
+        ("honoured", ok(PAGE), ["narrow"] * 4),
+        ("404: the path does not exist", NOT_FOUND, ["narrow", "whole", "whole", "whole"]),
+        ("200 without the load gauges (multiprocess mode)", ok(b"# nothing\n"), ["narrow", "whole", "whole", "whole"]),
+    ],
+)  # fmt: skip
+async def test_a_narrowed_page_is_read_while_the_server_honours_it_else_the_whole_one(
+    case: str, narrowed_answer: bytes, expected: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="extproc.backends.scraper")
+    reads, read_right = await reads_of(lambda target: narrowed_answer if target.startswith(NARROWED) else ok(PAGE))
+    assert reads == expected, case
+    assert read_right
+    widened = [r for r in caplog.records if "does not serve a narrowed metrics page" in r.message]
+    assert len(widened) == (expected[1] == "whole")
+
+
+async def test_when_both_pages_fail_the_narrowed_one_is_tried_again_next_round() -> None:
+    reads, read_right = await reads_of(lambda target: BROKEN)
+    assert reads == ["narrow", "whole", "narrow", "whole"]
+    assert not read_right
+
+
+async def test_narrow_pages_off_reads_the_whole_page_only() -> None:
+    reads, _ = await reads_of(lambda target: ok(PAGE), narrow=False, reads=2)
+    assert reads == ["whole", "whole"]
 
 
 class Recording(Scraper):

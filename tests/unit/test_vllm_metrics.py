@@ -1,10 +1,11 @@
 import random
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 from extproc.backends import vllm_metrics as vm
-from extproc.backends.vllm_metrics import MetricsParseError, parse_metrics
+from extproc.backends.vllm_metrics import KV_USAGE, RUNNING, WAITING, MetricsParseError, narrow_url, parse_metrics
 
 PAGE = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -129,6 +130,39 @@ def test_the_page_of_vllm_0_32_reads_as_its_lines_say() -> None:
     assert vm._read(vm._family_lines(page)) == by_lines
 
 
+def test_the_narrowed_page_of_vllm_0_32_holds_every_family_read() -> None:
+    # captured with narrow_url's names from an engine in the same state as VLLM_032_PAGE's (tests/unit/data)
+    narrow = (VLLM_032_PAGE.parent / "vllm-0.32-metrics-narrow.txt").read_text()
+    metrics = parse_metrics(narrow)
+    assert (metrics.block_size, metrics.num_gpu_blocks, metrics.hash_algo) == (128, 8192, "sha256")
+    for phase in (metrics.queue_time, metrics.prefill_time, metrics.decode_time, metrics.ttft):
+        assert phase is not None and phase.requests == 3
+    by_lines = vm._read(line for line in narrow.splitlines() if line.startswith(vm._WANTED))
+    assert vm._read(vm._family_lines(narrow)) == by_lines and len(by_lines.sums) >= 15
+
+
 def test_a_timestamp_after_the_value_is_ignored() -> None:
     page = PAGE.replace(" 3.0\n", " 3.0 1700000000000\n")
     assert parse_metrics(page).running == 5
+
+
+@pytest.mark.parametrize(
+    ("url", "narrowed_base"),
+    [
+        ("http://10.0.0.1:8000/metrics", "http://10.0.0.1:8000/metrics/?"),
+        ("http://10.0.0.1:8000/metrics/", "http://10.0.0.1:8000/metrics/?"),
+        ("https://engine.example/v1/pool-a/metrics", "https://engine.example/v1/pool-a/metrics/?"),
+        ("http://10.0.0.1:8000/metrics?format=x", None),  # a query of its own: not ours to change
+        ("http://10.0.0.1:8000/stats", None),
+        ("http://10.0.0.1:8000/metrics-proxy", None),
+    ],
+)  # fmt: skip
+def test_a_metrics_url_is_narrowed_below_the_mount_to_the_samples_read(url: str, narrowed_base: str | None) -> None:
+    narrowed = narrow_url(url)
+    if narrowed_base is None:
+        assert narrowed is None
+        return
+    assert narrowed is not None and narrowed.startswith(narrowed_base)
+    names = parse_qs(urlsplit(narrowed).query)["name[]"]
+    assert {RUNNING, WAITING, KV_USAGE, "vllm:time_to_first_token_seconds_sum"} <= set(names)
+    assert not any(name.endswith("_bucket") for name in names)
