@@ -106,6 +106,7 @@ class App:
             timeout_s=config.scrape.timeout_s,
             discover_interval_s=config.scrape.discover_interval_s,
             narrow_pages=config.scrape.narrow_pages,
+            deferred_reads=config.scrape.deferred_reads,
             on_send=self.inflight.scrape_sent,
             on_scrape=self.inflight.scraped,
             on_down=lambda eid: self.lifecycle.down(eid),
@@ -219,6 +220,7 @@ class App:
             hot_blocks=self.hot_blocks,
             calibration=self.calibration,
             estimator=estimator_params(self.config.scheduling),
+            fresh_load=self.scraper.collect_answers,
         )
 
     async def start(self) -> None:
@@ -276,12 +278,14 @@ class App:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while loop.time() < deadline:
+            self.scraper.collect_answers()
             if all(s.metrics is not None or s.failures for s in self.registry.snapshot().values()):
                 return
             await asyncio.sleep(0.02)
 
     async def _serve_metrics(self, host: str, port: int) -> None:
         async def handle(_: web.Request) -> web.Response:
+            self.scraper.collect_answers()  # the load gauges as fresh as a decision would see them
             for eid, state in self.registry.snapshot().items():
                 self.metrics.endpoint_healthy.labels(eid).set(1 if state.endpoint.healthy else 0)
             body = generate_latest(self.workers.metrics if self.workers else self.metrics.registry)

@@ -132,6 +132,11 @@ class ScrapeConfig(_Strict):
         description="ask each engine for only the samples the picker reads (vLLM: /metrics/?name[]=...; 59 KB -> "
         "4 KB, and ~5x less of the engine's CPU per read); an endpoint that does not honour it is read whole",
     )
+    deferred_reads: bool = Field(
+        True,
+        description="read each round's answers at the next round or before a decision, whichever comes first, "
+        "instead of waking for each (plain-http endpoints at IP addresses; ~45% less CPU per scrape)",
+    )
 
 
 class TtftProfileConfig(_Strict):

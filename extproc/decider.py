@@ -157,6 +157,7 @@ class DeciderDeps:
     hot_blocks: HotBlocks | None = None  # per endpoint, the cached blocks recent requests hit (a copy's bound)
     calibration: TtftCalibration | None = None  # predicted vs the engine's TTFT, per endpoint; the learned costs
     estimator: EstimatorParams | None = None  # the configured estimate's constants (the terms the calibration learns)
+    fresh_load: Callable[[], None] | None = None  # applies the load answers that have arrived (deferred reads)
 
 
 class LocalDecider:
@@ -216,6 +217,8 @@ class LocalDecider:
         atomic reservation (``extproc.reservations``) and the record run as one step per replica
         (``_serial``), so this replica's next decision sees the last one's load and hot blocks, as with one
         replica in memory, where no await separates a decision from its record."""
+        if self._deps.fresh_load is not None:
+            self._deps.fresh_load()
         states = self._deps.registry.snapshot()
         endpoints = eligible((s.endpoint for s in states.values()), routing.base_model, routing.lora, routing.subset)
         if not endpoints:

@@ -4,8 +4,15 @@ One ticker, owned by ``Scraper``, starts a round each interval: every endpoint's
 endpoint, not a task per scrape) sends its request, and an endpoint whose last scrape is still running sits
 that round out, so a slow one never delays the others. One timer for all endpoints, not one per endpoint: on
 this kind of VM a wake-up of the process after a sleep costs ~0.2 ms of CPU, about what reading a page costs.
-(Holding a round's answers in their sockets to read them in one wake-up was measured too: the wake-ups that
-follow a request within a few ms are cheap, and the CPU did not move; ``bench/scrape_cost.py``.)
+
+Answers from plain-http endpoints at IP addresses (the common case) are read without waiting for them
+(``deferred_reads``, on by default): a round first collects what arrived for the last one, then sends, on sockets
+the event loop does not watch; ``collect_answers`` (called before each decision) reads what arrived since. A
+decision sees the same load as if every answer had been read on arrival; the process is woken once per round
+instead of once per answer, and an answer costs no future, task step or protocol callback
+(``bench/results/scrape-cost``). (Holding the answers in asyncio transports and reading them on a timer 20 ms
+into the round saved nothing: the timer's wake-up cost what the answers' did. Here no wake-up is added.) Other
+endpoints' answers are awaited by their loop.
 
 Pages are read narrowed (``vllm_metrics.narrow_url``: only the samples we parse, ~15x smaller on vLLM and ~5x
 cheaper for the engine to write) unless ``narrow_pages`` is off. An endpoint whose narrowed read is refused
@@ -23,7 +30,16 @@ from collections.abc import Callable, Mapping
 
 import aiohttp
 
-from extproc.backends.http_get import GetFailed, GetStatus, GetUnreachable, HttpGetter, parse_http_url
+from extproc.backends.http_get import (
+    GetFailed,
+    GetStatus,
+    GetUnreachable,
+    HttpGetter,
+    IdleConnectionLost,
+    PolledGetter,
+    parse_http_url,
+    polled_target,
+)
 from extproc.backends.registry import EndpointRegistry
 from extproc.backends.vllm_metrics import EngineMetrics, MetricsParseError, narrow_url, parse_metrics
 from extproc.tasks import stop_task
@@ -48,12 +64,17 @@ class Scraper:
         metrics_urls: Mapping[EndpointId, str] | None = None,
         on_down: Callable[[EndpointId], None] | None = None,
         narrow_pages: bool = True,
+        deferred_reads: bool = True,
     ) -> None:
         self._registry = registry
         self._urls: dict[EndpointId, str] = {}
         self._metrics_urls: dict[EndpointId, str] = {}  # the whole page's URL
         self._narrow_pages = narrow_pages
         self._narrow_urls: dict[EndpointId, str] = {}  # the narrowed page's URL, while the endpoint honours it
+        self._trying_whole: dict[EndpointId, str] = {}  # narrowed read refused (why): the whole page's is out
+        self._deferred_reads = deferred_reads
+        self._polled_ids: set[EndpointId] = set()  # endpoints whose answers are collected, not awaited
+        self._polled: dict[str, PolledGetter] = {}  # {metrics URL: its client}
         for eid, url in urls.items():
             self._add(eid, url, (metrics_urls or {}).get(eid) or f"{url}/metrics")
         self._interval_s = interval_s
@@ -86,6 +107,8 @@ class Scraper:
                 task.add_done_callback(self._leaving.discard)
             for page in (self._narrow_urls.pop(eid, None), self._metrics_urls.get(eid)):
                 self._close_getter(page)
+            self._trying_whole.pop(eid, None)
+            self._polled_ids.discard(eid)
             del self._urls[eid]
         for eid, url in urls.items():
             if eid not in self._urls:
@@ -97,11 +120,18 @@ class Scraper:
         narrowed = narrow_url(metrics_url) if self._narrow_pages else None
         if narrowed is not None:
             self._narrow_urls[eid] = narrowed
+        if self._deferred_reads and polled_target(metrics_url) is not None:
+            self._polled_ids.add(eid)
 
     def _close_getter(self, url: str | None) -> None:
-        getter = self._getters.pop(url, None) if url is not None else None
+        if url is None:
+            return
+        getter = self._getters.pop(url, None)
         if getter is not None:
             getter.close()
+        polled = self._polled.pop(url, None)
+        if polled is not None:
+            polled.close()
 
     async def stop(self) -> None:
         """Stop the ticker and every endpoint's loop (awaited), close the connections."""
@@ -110,16 +140,21 @@ class Scraper:
             task.cancel()
         for task in tasks:
             await stop_task(task)
-        for getter in self._getters.values():
-            getter.close()
+        for url in [*self._getters, *self._polled]:
+            self._close_getter(url)
         if self._session:
             await self._session.close()
 
     async def scrape_once(self, eid: EndpointId, *, discover: bool) -> None:
         """One metrics read (and optionally one models read) of ``eid``; updates the registry. Not while
-        ``eid``'s own loop runs (one scrape in flight per endpoint: ``on_send`` marks what its answer shows)."""
+        ``eid``'s own loop runs (one scrape in flight per endpoint: ``on_send`` marks what its answer shows).
+        A deferred read (module docstring) applies the last answer, if it is in, and sends the next request."""
         if discover:
             await self._discover(eid)
+        if eid in self._polled_ids:
+            self._collect(eid)
+            await self._send(eid)
+            return
         if self._on_send:
             self._on_send(eid)
         try:
@@ -130,6 +165,15 @@ class Scraper:
         except (aiohttp.ClientError, TimeoutError, GetFailed, MetricsParseError, UnicodeDecodeError) as exc:
             self._fail(eid, exc, unreachable=False)
             return
+        self._apply(eid, metrics)
+
+    def collect_answers(self) -> None:
+        """Apply every deferred answer that has arrived (never waits): called before each decision, which then
+        sees the load as if each answer had been read the moment it came."""
+        for eid in list(self._polled_ids):  # a failure's on_down may change the targets
+            self._collect(eid)
+
+    def _apply(self, eid: EndpointId, metrics: EngineMetrics) -> None:
         state = self._registry.snapshot().get(eid)
         was_failing = state is not None and state.failures > 0
         self._registry.scraped(eid, metrics)
@@ -137,6 +181,72 @@ class Scraper:
             log.info("metrics of %s readable again", eid)
         if self._on_scrape:
             self._on_scrape(eid)
+
+    def _page(self, eid: EndpointId) -> tuple[str, bool]:
+        """The URL ``eid`` is read at now, and whether it is the narrowed page."""
+        narrowed = self._narrow_urls.get(eid)
+        if narrowed is None or eid in self._trying_whole:
+            return self._metrics_urls[eid], False
+        return narrowed, True
+
+    async def _send(self, eid: EndpointId) -> None:
+        """Send ``eid``'s next deferred read, unless its last one is still out (it sits the round out)."""
+        url, _ = self._page(eid)
+        getter = self._polled.get(url)
+        if getter is None:
+            target = polled_target(url)
+            assert target is not None  # the narrowed URL has the whole one's host
+            getter = self._polled[url] = PolledGetter(*target, timeout_s=self._timeout_s)
+        if getter.busy:
+            return
+        try:
+            await getter.ready()
+            if self._polled.get(url) is not getter:  # eid was removed, or widened, while connecting
+                getter.close()
+                return
+            if self._on_send:
+                self._on_send(eid)
+            getter.send()
+        except GetUnreachable as exc:
+            self._fail(eid, exc, unreachable=True)
+        except GetFailed as exc:
+            self._fail(eid, exc, unreachable=False)
+
+    def _collect(self, eid: EndpointId) -> None:
+        """Apply ``eid``'s deferred answer if it is in; a failure is recorded, a refused narrowed page has the
+        whole page read next (whose answer then decides, as ``_read`` decides at once)."""
+        if eid not in self._polled_ids:  # removed meanwhile
+            return
+        url, narrowed = self._page(eid)
+        getter = self._polled.get(url)
+        if getter is None or not getter.busy:
+            return
+        try:
+            body = getter.collect()
+            if body is None:
+                return
+            metrics = parse_metrics(body.decode("utf-8"))
+        except IdleConnectionLost:
+            return  # the server dropped the idle kept-alive connection: the next round asks on a new one
+        except GetUnreachable as exc:
+            self._trying_whole.pop(eid, None)
+            self._fail(eid, exc, unreachable=True)
+            return
+        except (GetFailed, MetricsParseError, UnicodeDecodeError) as exc:
+            if narrowed and isinstance(exc, GetStatus | MetricsParseError):
+                self._trying_whole[eid] = f"{type(exc).__name__}: {exc}"
+            else:
+                self._trying_whole.pop(eid, None)  # the whole page failed too: narrowed again next round
+                self._fail(eid, exc, unreachable=False)
+            return
+        refused = self._trying_whole.pop(eid, None)
+        if refused is not None:
+            self._widen(eid, refused)
+        self._apply(eid, metrics)
+
+    def _widen(self, eid: EndpointId, refused: str) -> None:
+        log.info("%s does not serve a narrowed metrics page (%s); reading its whole page from now on", eid, refused)
+        self._close_getter(self._narrow_urls.pop(eid, None))
 
     async def _read(self, eid: EndpointId) -> EngineMetrics:
         """``eid``'s metrics: from its narrowed page while it honours one, else from the whole page."""
@@ -148,9 +258,7 @@ class Scraper:
         except (GetStatus, aiohttp.ClientResponseError, MetricsParseError) as exc:
             refused = f"{type(exc).__name__}: {exc}"
         metrics = parse_metrics(await self._read_page(self._metrics_urls[eid]))  # raises: both failed
-        log.info("%s does not serve a narrowed metrics page (%s); reading its whole page from now on", eid, refused)
-        self._narrow_urls.pop(eid, None)  # (set_targets may have removed eid meanwhile)
-        self._close_getter(narrowed)
+        self._widen(eid, refused)
         return metrics
 
     async def _read_page(self, url: str) -> str:

@@ -118,9 +118,11 @@ def make_router(
     tenant_for: Callable[[str], Tenant] = Tenant,
     shared_load: SharedQueue | None = None,
     calibration: TtftCalibration | None = None,
+    fresh_load: Callable[[], None] | None = None,
 ) -> tuple[Router, DictIndex, InflightLoad]:
     """``shared_load``: the load shared with other replicas (lookups then wait on I/O, as with Redis);
-    ``calibration``: learn each endpoint's cost from its scraped TTFT (with the profile's estimator)."""
+    ``calibration``: learn each endpoint's cost from its scraped TTFT (with the profile's estimator);
+    ``fresh_load``: called before each decision reads the registry (the scraper's deferred reads)."""
     registry = registry or EndpointRegistry([Endpoint(A), Endpoint(B)])
     for eid in registry.snapshot():
         registry.scraped(eid, EngineMetrics(running=0, waiting=0, kv_usage=0.1, models=frozenset({"m"})))
@@ -151,6 +153,7 @@ def make_router(
         lookups_wait_on_io=shared_load is not None,
         calibration=calibration,
         estimator=estimator_params(scheduling) if calibration is not None else None,
+        fresh_load=fresh_load,
     )
     settings = settings or RouterSettings()
     local = LocalDecider(decider, settings.decider, rng=random.Random(0))

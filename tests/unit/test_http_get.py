@@ -1,13 +1,52 @@
-"""``HttpGetter`` against a scripted HTTP server on 127.0.0.1: every framing it must read, every way it fails."""
+"""``HttpGetter`` and ``PolledGetter`` against a scripted HTTP server on 127.0.0.1: every framing they must read,
+every way they fail; and that a polled answer waits in its socket until collected."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from extproc.backends.http_get import MAX_BODY_BYTES, GetFailed, GetUnreachable, HttpGetter, parse_http_url
+from extproc.backends.http_get import (
+    MAX_BODY_BYTES,
+    GetFailed,
+    GetStatus,
+    GetUnreachable,
+    HttpGetter,
+    IdleConnectionLost,
+    PolledGetter,
+    parse_http_url,
+    polled_target,
+)
 from tests.support.scripted_http import ScriptedServer, ok
+
+
+class Polled:
+    """``PolledGetter`` behind ``HttpGetter.get`` for the shared cases: ready, send, collect until whole; a GET
+    on a connection the server dropped while idle goes again once on a new one (as ``HttpGetter`` does)."""
+
+    def __init__(self, getter: PolledGetter) -> None:
+        self.getter = getter
+
+    async def get(self) -> bytes:
+        try:
+            return await self._get()
+        except IdleConnectionLost:
+            return await self._get()
+
+    async def _get(self) -> bytes:
+        await self.getter.ready()
+        self.getter.send()
+        while (body := self.getter.collect()) is None:
+            await asyncio.sleep(0.002)
+        return body
+
+    def close(self) -> None:
+        self.getter.close()
+
+
+Client = HttpGetter | Polled
 
 
 def chunked(*parts: bytes) -> bytes:
@@ -17,12 +56,15 @@ def chunked(*parts: bytes) -> bytes:
     return out + b"0\r\n\r\n"
 
 
-@pytest.fixture
-async def getter_for() -> AsyncIterator[Callable[[ScriptedServer], HttpGetter]]:
-    made: list[HttpGetter] = []
+@pytest.fixture(params=["awaited", "polled"])
+async def getter_for(request: pytest.FixtureRequest) -> AsyncIterator[Callable[[ScriptedServer], Client]]:
+    made: list[Client] = []
 
-    def make(server: ScriptedServer, timeout_s: float = 2.0) -> HttpGetter:
-        made.append(HttpGetter("127.0.0.1", server.port, "/metrics", timeout_s=timeout_s))
+    def make(server: ScriptedServer, timeout_s: float = 2.0) -> Client:
+        if request.param == "awaited":
+            made.append(HttpGetter("127.0.0.1", server.port, "/metrics", timeout_s=timeout_s))
+        else:
+            made.append(Polled(PolledGetter("127.0.0.1", server.port, "/metrics", timeout_s=timeout_s)))
         return made[-1]
 
     yield make
@@ -92,6 +134,58 @@ async def test_a_refused_connection_is_unreachable() -> None:
         port = server.port
     with pytest.raises(GetUnreachable):
         await HttpGetter("127.0.0.1", port, "/metrics", timeout_s=1.0).get()
+    with pytest.raises(GetUnreachable):
+        await PolledGetter("127.0.0.1", port, "/metrics", timeout_s=1.0).ready()
+
+
+async def test_a_polled_answer_waits_in_its_socket_until_collected() -> None:
+    async with ScriptedServer(lambda n: ok(b"page %d" % n)) as server:
+        getter = PolledGetter("127.0.0.1", server.port, "/metrics", timeout_s=5.0)
+        try:
+            assert getter.collect() is None and not getter.busy  # nothing sent: nothing to collect
+            await getter.ready()
+            getter.send()
+            assert getter.busy
+            with pytest.raises(RuntimeError):
+                getter.send()  # one GET at a time
+            await asyncio.sleep(0.2)  # the answer arrives; nothing reads it
+            assert getter.busy
+            assert getter.collect() == b"page 0" and not getter.busy
+            await getter.ready()
+            getter.send()
+            while (body := getter.collect()) is None:
+                await asyncio.sleep(0.002)
+            assert body == b"page 1" and server.connections == 1
+        finally:
+            getter.close()
+
+
+async def test_a_polled_status_is_get_status_and_a_dropped_idle_connection_is_told_apart() -> None:
+    answers = [ok(b"first"), None, b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n", None]
+    async with ScriptedServer(lambda n: answers[n] if n < len(answers) else ok(b"x")) as server:
+        getter = PolledGetter("127.0.0.1", server.port, "/metrics", timeout_s=5.0)
+        try:
+            assert await Polled(getter).get() == b"first"
+            with pytest.raises(IdleConnectionLost):  # closed without answering, after answering before
+                await Polled(getter)._get()
+            with pytest.raises(GetStatus) as refused:
+                await Polled(getter)._get()
+            assert refused.value.status == 404
+            with pytest.raises(GetUnreachable) as dropped:  # closed without answering on a new connection
+                await Polled(getter)._get()
+            assert not isinstance(dropped.value, IdleConnectionLost)
+            assert await Polled(getter).get() == b"x"
+        finally:
+            getter.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "polled"),
+    [("http://10.0.0.7:8000/metrics", True), ("http://[::1]:9/metrics", True), ("http://engine:8000/metrics", False),
+     ("https://10.0.0.7/metrics", False)],
+)  # fmt: skip
+def test_only_urls_at_ip_addresses_are_polled(url: str, polled: bool) -> None:
+    assert (polled_target(url) is not None) == polled
 
 
 @pytest.mark.parametrize(

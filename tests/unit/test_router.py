@@ -10,6 +10,7 @@ import pytest
 
 from extproc import wire
 from extproc.backends.registry import EndpointRegistry
+from extproc.backends.vllm_metrics import EngineMetrics
 from extproc.decider import DeciderSettings
 from extproc.errors import BadRequest, NoEndpoint
 from extproc.router import RouterSettings
@@ -131,6 +132,20 @@ async def test_unhealthy_endpoints_are_skipped() -> None:
     for _ in range(3):
         result = await router.route(post())
         assert isinstance(result, Route) and result.endpoints == (B,)
+
+
+async def test_a_decision_applies_the_load_answers_in_before_reading_the_registry() -> None:
+    # the scraper's deferred reads: an answer that arrived since the last round counts for this decision
+    registry = EndpointRegistry([Endpoint(A), Endpoint(B)])
+    arrived = [(A, EngineMetrics(running=8, waiting=40, kv_usage=0.9, models=frozenset({"m"})))]
+
+    def fresh_load() -> None:
+        while arrived:
+            registry.scraped(*arrived.pop())
+
+    router, _, _ = make_router(registry=registry, fresh_load=fresh_load, tokens=[])
+    result = await router.route(post())
+    assert isinstance(result, Route) and result.endpoints[0] == B and not arrived
 
 
 async def test_load_only_mode_never_hashes_or_looks_up() -> None:

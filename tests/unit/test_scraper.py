@@ -20,13 +20,14 @@ PAGE = b'vllm:num_requests_running{model_name="m"} 1\nvllm:num_requests_waiting{
 
 
 def scraper_for(
-    servers: list[ScriptedServer], events: list[str], interval_s: float, timeout_s: float = 2.0, *, narrow: bool = True
-) -> tuple[Scraper, EndpointRegistry]:
+    servers: list[ScriptedServer], events: list[str], interval_s: float, timeout_s: float = 2.0, *,
+    narrow: bool = True, deferred: bool = True,
+) -> tuple[Scraper, EndpointRegistry]:  # fmt: skip
     ids = [EndpointId(f"127.0.0.1:{s.port}") for s in servers]
     registry = EndpointRegistry([Endpoint(e) for e in ids])
     scraper = Scraper(
         registry, {e: f"http://{e}" for e in ids}, interval_s=interval_s, discover_interval_s=60.0,
-        timeout_s=timeout_s, narrow_pages=narrow,
+        timeout_s=timeout_s, narrow_pages=narrow, deferred_reads=deferred,
         on_send=lambda e: events.append(f"sent {e}"), on_scrape=lambda e: events.append(f"scraped {e}"),
     )  # fmt: skip
     return scraper, registry
@@ -36,12 +37,19 @@ def scraped(registry: EndpointRegistry) -> int:
     return sum(r.metrics is not None for r in registry.snapshot().values())
 
 
-async def test_the_first_round_reads_every_endpoint_and_notes_each_sending_before_its_answer() -> None:
+@pytest.mark.parametrize("deferred", [True, False])
+async def test_the_first_round_reads_every_endpoint_and_notes_each_sending_before_its_answer(deferred: bool) -> None:
     async with ScriptedServer(lambda n: ok(PAGE)) as a, ScriptedServer(lambda n: ok(PAGE)) as b:
         events: list[str] = []
-        scraper, registry = scraper_for([a, b], events, interval_s=30.0)
+        scraper, registry = scraper_for([a, b], events, interval_s=30.0, deferred=deferred)
         await scraper.start()
         try:
+            if deferred:  # answers wait in their sockets until asked for (a decision asks): the next round is 30 s off
+                await until(lambda: metrics_reads(a) and metrics_reads(b), timeout_s=10.0, what="both asked")
+                await asyncio.sleep(0.2)
+                assert scraped(registry) == 0
+                await until(lambda: scraper.collect_answers() or scraped(registry) == 2, timeout_s=10.0,
+                            what="both collected when asked")  # fmt: skip
             await until(lambda: scraped(registry) == 2, timeout_s=10.0, what="both read in the first round")
             record = registry.snapshot()[EndpointId(f"127.0.0.1:{a.port}")]
             assert record.metrics is not None and (record.metrics.running, record.metrics.waiting) == (1, 2)
@@ -75,11 +83,13 @@ def metrics_reads(server: ScriptedServer) -> list[str]:
     return [("narrow" if p.startswith(NARROWED) else "whole") for p in server.paths if p.startswith("/metrics")]
 
 
-async def reads_of(reply: Callable[[str], bytes], *, narrow: bool = True, reads: int = 4) -> tuple[list[str], int]:
+async def reads_of(
+    reply: Callable[[str], bytes], *, narrow: bool = True, deferred: bool = True, reads: int = 4
+) -> tuple[list[str], int]:
     """The first ``reads`` metrics reads of one endpoint whose server answers ``reply(target)``, and whether its
     load was read in the end."""
     async with ScriptedServer(lambda n: reply(server.paths[n])) as server:
-        scraper, registry = scraper_for([server], [], interval_s=0.01, narrow=narrow)
+        scraper, registry = scraper_for([server], [], interval_s=0.01, narrow=narrow, deferred=deferred)
         await scraper.start()
         try:
             await until(lambda: len(metrics_reads(server)) >= reads, timeout_s=10.0, what=f"{reads} metrics reads")
@@ -97,19 +107,25 @@ async def reads_of(reply: Callable[[str], bytes], *, narrow: bool = True, reads:
         ("200 without the load gauges (multiprocess mode)", ok(b"# nothing\n"), ["narrow", "whole", "whole", "whole"]),
     ],
 )  # fmt: skip
+@pytest.mark.parametrize("deferred", [True, False])
 async def test_a_narrowed_page_is_read_while_the_server_honours_it_else_the_whole_one(
-    case: str, narrowed_answer: bytes, expected: list[str], caplog: pytest.LogCaptureFixture
+    case: str, narrowed_answer: bytes, expected: list[str], deferred: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="extproc.backends.scraper")
-    reads, read_right = await reads_of(lambda target: narrowed_answer if target.startswith(NARROWED) else ok(PAGE))
+
+    def reply(target: str) -> bytes:
+        return narrowed_answer if target.startswith(NARROWED) else ok(PAGE)
+
+    reads, read_right = await reads_of(reply, deferred=deferred)
     assert reads == expected, case
     assert read_right
     widened = [r for r in caplog.records if "does not serve a narrowed metrics page" in r.message]
     assert len(widened) == (expected[1] == "whole")
 
 
-async def test_when_both_pages_fail_the_narrowed_one_is_tried_again_next_round() -> None:
-    reads, read_right = await reads_of(lambda target: BROKEN)
+@pytest.mark.parametrize("deferred", [True, False])
+async def test_when_both_pages_fail_the_narrowed_one_is_tried_again_next_round(deferred: bool) -> None:
+    reads, read_right = await reads_of(lambda target: BROKEN, deferred=deferred)
     assert reads == ["narrow", "whole", "narrow", "whole"]
     assert not read_right
 
