@@ -277,6 +277,12 @@ class PolledGetter:
         """A GET was sent and its answer not yet collected (nor failed)."""
         return self._sent_at is not None
 
+    @property
+    def connected(self) -> bool:
+        """A connection is open (``send`` may go without ``ready``; if the server dropped it while idle, the
+        GET's ``collect`` says so with ``IdleConnectionLost``)."""
+        return self._sock is not None
+
     async def ready(self) -> None:
         """Keep the kept-alive connection, or open a new one when there is none or the server closed it while
         idle (the one wait of this client, and a rare one)."""

@@ -75,6 +75,8 @@ class Scraper:
         self._deferred_reads = deferred_reads
         self._polled_ids: set[EndpointId] = set()  # endpoints whose answers are collected, not awaited
         self._polled: dict[str, PolledGetter] = {}  # {metrics URL: its client}
+        self._turns: dict[EndpointId, asyncio.Event] = {}  # a polled endpoint's loop is needed (see _poll_round)
+        self._discovered: dict[EndpointId, int] = {}  # the round of each endpoint's last discovery
         for eid, url in urls.items():
             self._add(eid, url, (metrics_urls or {}).get(eid) or f"{url}/metrics")
         self._interval_s = interval_s
@@ -109,6 +111,8 @@ class Scraper:
                 self._close_getter(page)
             self._trying_whole.pop(eid, None)
             self._polled_ids.discard(eid)
+            self._turns.pop(eid, None)
+            self._discovered.pop(eid, None)
             del self._urls[eid]
         for eid, url in urls.items():
             if eid not in self._urls:
@@ -190,7 +194,8 @@ class Scraper:
         return narrowed, True
 
     async def _send(self, eid: EndpointId) -> None:
-        """Send ``eid``'s next deferred read, unless its last one is still out (it sits the round out)."""
+        """Send ``eid``'s next deferred read (connecting first if needed), unless its last one is still out (it
+        sits the round out)."""
         url, _ = self._page(eid)
         getter = self._polled.get(url)
         if getter is None:
@@ -201,16 +206,41 @@ class Scraper:
             return
         try:
             await getter.ready()
-            if self._polled.get(url) is not getter:  # eid was removed, or widened, while connecting
-                getter.close()
-                return
-            if self._on_send:
-                self._on_send(eid)
+        except GetUnreachable as exc:
+            self._fail(eid, exc, unreachable=True)
+            return
+        except GetFailed as exc:
+            self._fail(eid, exc, unreachable=False)
+            return
+        if self._polled.get(url) is not getter:  # eid was removed, or widened, while connecting
+            getter.close()
+        elif not getter.busy:  # (the round may have sent meanwhile)
+            self._send_now(eid, getter)
+
+    def _send_now(self, eid: EndpointId, getter: PolledGetter) -> None:
+        if self._on_send:
+            self._on_send(eid)
+        try:
             getter.send()
         except GetUnreachable as exc:
             self._fail(eid, exc, unreachable=True)
         except GetFailed as exc:
             self._fail(eid, exc, unreachable=False)
+
+    def _poll_round(self) -> None:
+        """A round of deferred reads, in the ticker's own wake-up: each polled endpoint's answer is collected and
+        its next GET sent; an endpoint that needs a discovery or a new connection gets its loop's turn instead."""
+        for eid in list(self._polled_ids):
+            self._collect(eid)
+            getter = self._polled.get(self._page(eid)[0])
+            if getter is None or not getter.connected or self._discovery_due(eid):
+                self._turns.setdefault(eid, asyncio.Event()).set()
+            elif not getter.busy:
+                self._send_now(eid, getter)
+
+    def _discovery_due(self, eid: EndpointId) -> bool:
+        last = self._discovered.get(eid)
+        return last is None or self._rounds - last >= self._discover_every
 
     def _collect(self, eid: EndpointId) -> None:
         """Apply ``eid``'s deferred answer if it is in; a failure is recorded, a refused narrowed page has the
@@ -307,20 +337,25 @@ class Scraper:
                     self._loops[eid] = asyncio.create_task(self._endpoint_loop(eid), name=f"scrape {eid}")
             started, self._round = self._round, asyncio.Event()
             self._rounds += 1
+            self._poll_round()
             started.set()
             await asyncio.sleep(self._interval_s)
 
     async def _endpoint_loop(self, eid: EndpointId) -> None:
         """Scrapes ``eid`` once per round it is free for, with discovery first when ``discover_interval_s``
-        worth of rounds passed since the last; ends when ``eid`` is no longer this loop's."""
+        worth of rounds passed since the last; ends when ``eid`` is no longer this loop's. A polled endpoint's
+        loop runs only on the turns ``_poll_round`` gives it (discovery, a new connection)."""
         seen = self._rounds - 1  # a loop starts in its first round, not one interval later
-        discovered: int | None = None  # the round of the last discovery
         while self._loops.get(eid) is asyncio.current_task():
-            if seen == self._rounds:
+            if eid in self._polled_ids:
+                turn = self._turns.setdefault(eid, asyncio.Event())
+                await turn.wait()
+                turn.clear()
+            elif seen == self._rounds:
                 await self._round.wait()
-            discover = discovered is None or self._rounds - discovered >= self._discover_every
+            discover = self._discovery_due(eid)
             if discover:
-                discovered = self._rounds
+                self._discovered[eid] = self._rounds
             await self._scrape_safely(eid, discover=discover)
             seen = self._rounds  # rounds begun while this scrape ran are skipped, not made up
 

@@ -135,6 +135,27 @@ async def test_narrow_pages_off_reads_the_whole_page_only() -> None:
     assert reads == ["whole", "whole"]
 
 
+async def test_deferred_reads_are_sent_by_the_ticker_and_the_loop_runs_only_to_discover_or_connect() -> None:
+    calls: list[bool] = []
+
+    class Counting(Scraper):
+        async def scrape_once(self, eid: EndpointId, *, discover: bool) -> None:
+            calls.append(discover)
+            await super().scrape_once(eid, discover=discover)
+
+    async with ScriptedServer(lambda n: ok(PAGE)) as server:
+        eid = EndpointId(f"127.0.0.1:{server.port}")
+        registry = EndpointRegistry([Endpoint(eid)])
+        scraper = Counting(registry, {eid: f"http://{eid}"}, interval_s=0.01, timeout_s=2.0, discover_interval_s=60.0)
+        await scraper.start()
+        try:
+            await until(lambda: len(metrics_reads(server)) >= 20, timeout_s=20.0, what="20 metrics reads")
+        finally:
+            await scraper.stop()
+        assert calls == [True]  # the first round: discovery, then the connection and the first GET
+        assert scraped(registry) == 1 and server.connections == 1 + 1  # one for discovery (aiohttp), one polled
+
+
 class Recording(Scraper):
     """A scraper whose scrapes only record ``(endpoint, discover, round)``; ``script`` may make one slow or die."""
 
