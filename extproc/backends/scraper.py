@@ -76,6 +76,7 @@ class Scraper:
         self._polled_ids: set[EndpointId] = set()  # endpoints whose answers are collected, not awaited
         self._polled: dict[str, PolledGetter] = {}  # {metrics URL: its client}
         self._turns: dict[EndpointId, asyncio.Event] = {}  # a polled endpoint's loop is needed (see _poll_round)
+        self._awaited: set[EndpointId] = set()  # polled endpoints with a GET out: what a decision may collect
         self._discovered: dict[EndpointId, int] = {}  # the round of each endpoint's last discovery
         for eid, url in urls.items():
             self._add(eid, url, (metrics_urls or {}).get(eid) or f"{url}/metrics")
@@ -113,6 +114,7 @@ class Scraper:
             self._polled_ids.discard(eid)
             self._turns.pop(eid, None)
             self._discovered.pop(eid, None)
+            self._awaited.discard(eid)
             del self._urls[eid]
         for eid, url in urls.items():
             if eid not in self._urls:
@@ -173,8 +175,9 @@ class Scraper:
 
     def collect_answers(self) -> None:
         """Apply every deferred answer that has arrived (never waits): called before each decision, which then
-        sees the load as if each answer had been read the moment it came."""
-        for eid in list(self._polled_ids):  # a failure's on_down may change the targets
+        sees the load as if each answer had been read the moment it came. Costs a look at the endpoints with a
+        GET out, not at the fleet: after the first decision of a round has collected, the next find nothing."""
+        for eid in list(self._awaited):  # (a failure's on_down may change the targets)
             self._collect(eid)
 
     def _apply(self, eid: EndpointId, metrics: EngineMetrics) -> None:
@@ -226,6 +229,8 @@ class Scraper:
             self._fail(eid, exc, unreachable=True)
         except GetFailed as exc:
             self._fail(eid, exc, unreachable=False)
+        else:
+            self._awaited.add(eid)
 
     def _poll_round(self) -> None:
         """A round of deferred reads, in the ticker's own wake-up: each polled endpoint's answer is collected and
@@ -250,6 +255,7 @@ class Scraper:
         url, narrowed = self._page(eid)
         getter = self._polled.get(url)
         if getter is None or not getter.busy:
+            self._awaited.discard(eid)
             return
         try:
             body = getter.collect()
@@ -269,6 +275,9 @@ class Scraper:
                 self._trying_whole.pop(eid, None)  # the whole page failed too: narrowed again next round
                 self._fail(eid, exc, unreachable=False)
             return
+        finally:
+            if not getter.busy:  # answered, or failed: nothing more to collect until the next GET
+                self._awaited.discard(eid)
         refused = self._trying_whole.pop(eid, None)
         if refused is not None:
             self._widen(eid, refused)

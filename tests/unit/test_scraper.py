@@ -156,6 +156,32 @@ async def test_deferred_reads_are_sent_by_the_ticker_and_the_loop_runs_only_to_d
         assert scraped(registry) == 1 and server.connections == 1 + 1  # one for discovery (aiohttp), one polled
 
 
+async def test_a_decision_looks_only_at_the_endpoints_with_an_answer_out() -> None:
+    # collect_answers runs before every decision: once a round's answers are in, it must not walk the fleet
+    looked: list[EndpointId] = []
+
+    class Spying(Scraper):
+        def _collect(self, eid: EndpointId) -> None:
+            looked.append(eid)
+            super()._collect(eid)
+
+    async with ScriptedServer(lambda n: ok(PAGE)) as a, ScriptedServer(lambda n: ok(PAGE)) as b:
+        ids = [EndpointId(f"127.0.0.1:{s.port}") for s in (a, b)]
+        registry = EndpointRegistry([Endpoint(e) for e in ids])
+        scraper = Spying(registry, {e: f"http://{e}" for e in ids}, interval_s=30.0, timeout_s=2.0,
+                         discover_interval_s=60.0)  # fmt: skip
+        await scraper.start()
+        try:
+            await until(lambda: metrics_reads(a) and metrics_reads(b), timeout_s=10.0, what="both asked")
+            await until(lambda: scraper.collect_answers() or scraped(registry) == 2, timeout_s=10.0, what="both in")
+            looked.clear()
+            for _ in range(10):
+                scraper.collect_answers()
+            assert looked == []
+        finally:
+            await scraper.stop()
+
+
 class Recording(Scraper):
     """A scraper whose scrapes only record ``(endpoint, discover, round)``; ``script`` may make one slow or die."""
 
