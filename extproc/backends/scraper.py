@@ -178,7 +178,14 @@ class Scraper:
         sees the load as if each answer had been read the moment it came. Costs a look at the endpoints with a
         GET out, not at the fleet: after the first decision of a round has collected, the next find nothing."""
         for eid in list(self._awaited):  # (a failure's on_down may change the targets)
-            self._collect(eid)
+            self._safely(self._collect, eid)
+
+    def _safely(self, step: Callable[[EndpointId], None], eid: EndpointId) -> None:
+        """``step(eid)``, logging a bug instead of raising it: it must stop neither the ticker nor a decision."""
+        try:
+            step(eid)
+        except Exception:
+            log.exception("scrape of %s", eid)
 
     def _apply(self, eid: EndpointId, metrics: EngineMetrics) -> None:
         state = self._registry.snapshot().get(eid)
@@ -236,12 +243,17 @@ class Scraper:
         """A round of deferred reads, in the ticker's own wake-up: each polled endpoint's answer is collected and
         its next GET sent; an endpoint that needs a discovery or a new connection gets its loop's turn instead."""
         for eid in list(self._polled_ids):
-            self._collect(eid)
-            getter = self._polled.get(self._page(eid)[0])
-            if getter is None or not getter.connected or self._discovery_due(eid):
-                self._turns.setdefault(eid, asyncio.Event()).set()
-            elif not getter.busy:
-                self._send_now(eid, getter)
+            self._safely(self._collect, eid)
+            self._safely(self._send_or_hand_over, eid)
+
+    def _send_or_hand_over(self, eid: EndpointId) -> None:
+        if eid not in self._polled_ids:  # removed by the collect's failure
+            return
+        getter = self._polled.get(self._page(eid)[0])
+        if getter is None or not getter.connected or self._discovery_due(eid):
+            self._turns.setdefault(eid, asyncio.Event()).set()
+        elif not getter.busy:
+            self._send_now(eid, getter)
 
     def _discovery_due(self, eid: EndpointId) -> bool:
         last = self._discovered.get(eid)

@@ -182,6 +182,26 @@ async def test_a_decision_looks_only_at_the_endpoints_with_an_answer_out() -> No
             await scraper.stop()
 
 
+async def test_a_bug_while_applying_an_answer_stops_neither_the_rounds_nor_a_decision(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def buggy(eid: EndpointId) -> None:
+        raise RuntimeError("a bug in on_scrape")
+
+    async with ScriptedServer(lambda n: ok(PAGE)) as server:
+        eid = EndpointId(f"127.0.0.1:{server.port}")
+        scraper = Scraper(EndpointRegistry([Endpoint(eid)]), {eid: f"http://{eid}"}, interval_s=0.01, timeout_s=2.0,
+                          discover_interval_s=60.0, on_scrape=buggy)  # fmt: skip
+        await scraper.start()
+        try:
+            await until(lambda: len(metrics_reads(server)) >= 2, timeout_s=10.0, what="the first answer applied")
+            await until(lambda: scraper.collect_answers() or len(metrics_reads(server)) >= 6, timeout_s=10.0,
+                        what="rounds going on, decisions collecting")  # fmt: skip
+        finally:
+            await scraper.stop()
+    assert any("a bug in on_scrape" in (r.exc_text or "") for r in caplog.records)
+
+
 class Recording(Scraper):
     """A scraper whose scrapes only record ``(endpoint, discover, round)``; ``script`` may make one slow or die."""
 
