@@ -317,7 +317,7 @@ class PolledGetter:
         in progress. Never waits."""
         if self._sent_at is None:
             return None
-        with _closed_on_failure(self.close, IdleConnectionLost if self._answered else GetUnreachable):  # (a reset)
+        with _closed_on_failure(self.close, self._lost()):  # (a reset)
             return self._collect()
 
     def close(self) -> None:
@@ -326,6 +326,10 @@ class PolledGetter:
         self._sock = None
         self._sent_at = None
         self._buf.clear()
+
+    def _lost(self) -> type[GetUnreachable]:
+        """What a connection closed or reset before answering means: dropped while idle if it had answered."""
+        return IdleConnectionLost if self._answered else GetUnreachable
 
     def _closed_while_idle(self) -> bool:
         """The server closed the kept-alive connection (or wrote to it unasked): it cannot carry the next GET."""
@@ -356,7 +360,7 @@ class PolledGetter:
             if closed and self._buf:
                 raise GetFailed("connection closed mid-answer")
             if closed:
-                raise (IdleConnectionLost if self._answered else GetUnreachable)("connection closed")
+                raise self._lost()("connection closed")
             if self._clock() - self._sent_at > self._timeout_s:
                 raise GetFailed(f"no answer within {self._timeout_s}s")
             return None

@@ -47,6 +47,9 @@ from extproc.types import EndpointId
 
 log = logging.getLogger(__name__)
 
+# What a server that does not serve the narrowed page answers it with (then its whole page decides).
+_NARROWED_REFUSED = (GetStatus, aiohttp.ClientResponseError, MetricsParseError)
+
 
 class Scraper:
     """Keeps ``registry`` fresh. ``urls`` maps each endpoint to its base URL (``http://ip:port``)."""
@@ -216,11 +219,8 @@ class Scraper:
             return
         try:
             await getter.ready()
-        except GetUnreachable as exc:
-            self._fail(eid, exc, unreachable=True)
-            return
         except GetFailed as exc:
-            self._fail(eid, exc, unreachable=False)
+            self._get_failed(eid, exc)
             return
         if self._polled.get(url) is not getter:  # eid was removed, or widened, while connecting
             getter.close()
@@ -232,12 +232,13 @@ class Scraper:
             self._on_send(eid)
         try:
             getter.send()
-        except GetUnreachable as exc:
-            self._fail(eid, exc, unreachable=True)
         except GetFailed as exc:
-            self._fail(eid, exc, unreachable=False)
+            self._get_failed(eid, exc)
         else:
             self._awaited.add(eid)
+
+    def _get_failed(self, eid: EndpointId, exc: GetFailed) -> None:
+        self._fail(eid, exc, unreachable=isinstance(exc, GetUnreachable))
 
     def _poll_round(self) -> None:
         """A round of deferred reads, in the ticker's own wake-up: each polled endpoint's answer is collected and
@@ -276,16 +277,12 @@ class Scraper:
             metrics = parse_metrics(body.decode("utf-8"))
         except IdleConnectionLost:
             return  # the server dropped the idle kept-alive connection: the next round asks on a new one
-        except GetUnreachable as exc:
-            self._trying_whole.pop(eid, None)
-            self._fail(eid, exc, unreachable=True)
-            return
         except (GetFailed, MetricsParseError, UnicodeDecodeError) as exc:
-            if narrowed and isinstance(exc, GetStatus | MetricsParseError):
+            if narrowed and isinstance(exc, _NARROWED_REFUSED):
                 self._trying_whole[eid] = f"{type(exc).__name__}: {exc}"
             else:
                 self._trying_whole.pop(eid, None)  # the whole page failed too: narrowed again next round
-                self._fail(eid, exc, unreachable=False)
+                self._fail(eid, exc, unreachable=isinstance(exc, GetUnreachable))
             return
         finally:
             if not getter.busy:  # answered, or failed: nothing more to collect until the next GET
@@ -306,7 +303,7 @@ class Scraper:
             return parse_metrics(await self._read_page(self._metrics_urls[eid]))
         try:
             return parse_metrics(await self._read_page(narrowed))
-        except (GetStatus, aiohttp.ClientResponseError, MetricsParseError) as exc:
+        except _NARROWED_REFUSED as exc:
             refused = f"{type(exc).__name__}: {exc}"
         metrics = parse_metrics(await self._read_page(self._metrics_urls[eid]))  # raises: both failed
         self._widen(eid, refused)
