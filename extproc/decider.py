@@ -36,6 +36,7 @@ from extproc.reservations import Decided, Reserver, fresher
 from extproc.scheduling import pd
 from extproc.scheduling.estimate import EstimatorParams, cost_terms
 from extproc.scheduling.filters import eligible
+from extproc.scheduling.prefix_reuse import PrefixReuse
 from extproc.scheduling.profiles import Profile
 from extproc.tasks import within_or_orphan
 from extproc.types import (
@@ -83,12 +84,13 @@ class Ask:
     phases_s: Mapping[str, float] = field(default_factory=dict)
     body_head: bytes = b""
 
-    def routing(self, tenant: Tenant, token_ids: TokenIds | None = None) -> RoutingRequest:
-        """The request as the decision (and the diagnostics, with ``token_ids``) read it."""
+    def routing(self, tenant: Tenant, token_ids: TokenIds | None = None, *, followers: float = 1.0) -> RoutingRequest:
+        """The request as the decision (and the diagnostics, with ``token_ids``) read it; ``followers``: the
+        decider's measure of how often new prefixes were followed lately (``RoutingRequest.prefix_followers``)."""
         return RoutingRequest(
             request_id=self.request_id, model=self.model, base_model=self.base_model, lora=self.lora,
             prompt_tokens=self.prompt_tokens, block_hashes=self.block_hashes, block_size=self.scheme.block_size,
-            tenant=tenant, subset=self.subset, token_ids=token_ids,
+            tenant=tenant, subset=self.subset, token_ids=token_ids, prefix_followers=followers,
         )  # fmt: skip
 
 
@@ -182,6 +184,7 @@ class LocalDecider:
         self._reserver: Reserver | None = None
         self._serial = asyncio.Lock()  # with a shared load: one decide-reserve-record at a time (``_decide``)
         self._known = SharedQueues({}, {})  # the shared queues our last reservation answered with
+        self._reuse = PrefixReuse()  # how often new prefixes were followed lately: the cold placement's window
         if deps.shared_load is not None:
             self._reserver = Reserver(deps.shared_load, deadline_s=settings.lookup_deadline_s,
                                       redecisions=settings.reserve_redecisions, orphans=self._background)  # fmt: skip
@@ -191,7 +194,7 @@ class LocalDecider:
         if ask.block_hashes and current != ask.scheme:
             raise SchemeChanged(current)
         timer = PhaseTimer(self._clock)
-        routing = ask.routing(self._deps.tenant_for(ask.tenant_id))
+        routing = ask.routing(self._deps.tenant_for(ask.tenant_id), followers=self._reuse.followers())
         try:
             decision, split = await self._decide(routing, timer)
         except RouterError as exc:
@@ -426,6 +429,8 @@ class LocalDecider:
         write left to a background task could miss the very next decision (a burst of one document would not
         see its own first pick). With Redis the write waits on I/O and stays in the background."""
         pick = decision.endpoints[0]
+        self._reuse.decided(decision.reason)
+        self._deps.metrics.prefix_followers.set(self._reuse.followers())
         uncached = 0 if prefilled_elsewhere else max(routing.prompt_tokens - decision.cached_tokens, 0)
         self._deps.inflight.add(pick, uncached)
         if self._deps.hot_blocks is not None:

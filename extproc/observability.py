@@ -122,6 +122,12 @@ class RouterMetrics:
             ["endpoint"],
             registry=registry,
         )
+        self.prefix_followers = Gauge(
+            "router_prefix_followers",
+            "Warm decisions per cold one over this replica's recent decisions (scheduling.prefix_reuse): "
+            "below 1, new prefixes are seldom followed and cold placement narrows toward the estimate",
+            registry=registry,
+        )
 
         self.cost_model = Gauge(
             "router_cost_model",

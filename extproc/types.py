@@ -130,6 +130,9 @@ class RoutingRequest:
     tenant: Tenant = field(default_factory=Tenant)
     subset: frozenset[EndpointId] | None = None  # the gateway's subset hint, when given
     token_ids: TokenIds | None = None  # the prompt's tokens (diagnostics read them; the decision does not)
+    # requests that followed each new prefix lately (``scheduling.prefix_reuse``): what a cold placement's
+    # hot-traffic window is worth; 1.0 (its full width) when not measured
+    prefix_followers: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)

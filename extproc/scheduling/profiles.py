@@ -78,7 +78,7 @@ class TtftProfile:
         warm = max(candidates, key=lambda c: (c.cached_blocks, -est[c.endpoint.id]))
         share = cached_tokens(warm, request.prompt_tokens, request.block_size) / request.prompt_tokens
         if share < self.min_prefix_share:  # e.g. only a shared system prompt: cold, a new prefix to place
-            return self._place(candidates, est, best, rng), Reason.LOAD
+            return self._place(request, candidates, est, best, rng), Reason.LOAD
         warm_est = est[warm.endpoint.id]
         target = request.tenant.ttft_target_s
         if target is not None and warm_est <= target:
@@ -100,13 +100,22 @@ class TtftProfile:
         return _spread(move, best_move, self.tie_epsilon_s, rng), Reason.SPILL
 
     def _place(
-        self, candidates: Sequence[Candidate], est: Mapping[EndpointId, float], best: float, rng: random.Random
+        self,
+        request: RoutingRequest,
+        candidates: Sequence[Candidate],
+        est: Mapping[EndpointId, float],
+        best: float,
+        rng: random.Random,
     ) -> EndpointId:
         """Where a cold prompt goes: its prefix will attract the requests that share it, so among the endpoints
         within ``stickiness_s`` of the best estimate, the one whose cache serves the least hot traffic (fewest
         hot blocks); a momentary queue must not decide where a prefix lives (unbalanced placements overload one
-        endpoint for good once requests hold on their warm endpoints). Untracked hot sets: by estimate alone."""
-        near = [c for c in candidates if est[c.endpoint.id] <= best + self.stickiness_s]
+        endpoint for good once requests hold on their warm endpoints). That is worth giving up estimate only as
+        far as requests follow new prefixes: the window is ``stickiness_s`` times the followers measured per
+        placement lately (``RoutingRequest.prefix_followers``, at most one); on traffic that shares nothing it
+        closes, and placement is by estimate. Untracked hot sets: by estimate alone."""
+        window_s = self.stickiness_s * min(request.prefix_followers, 1.0)
+        near = [c for c in candidates if est[c.endpoint.id] <= best + window_s]
         if any(c.hot_blocks is None for c in near):
             return _spread(est, best, self.tie_epsilon_s, rng)
         least = min(c.hot_blocks or 0 for c in near)

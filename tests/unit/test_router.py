@@ -4,7 +4,9 @@ import asyncio
 import dataclasses
 import json
 import logging
+import random
 import time
+from collections.abc import Sequence
 
 import pytest
 
@@ -15,6 +17,7 @@ from extproc.decider import DeciderSettings
 from extproc.errors import BadRequest, NoEndpoint
 from extproc.router import RouterSettings
 from extproc.types import (
+    Candidate,
     Decision,
     Endpoint,
     EndpointId,
@@ -228,3 +231,34 @@ async def test_every_decision_reaches_the_status_tap() -> None:
     route = await router.route(post())
     assert isinstance(route, Route)
     assert seen == [("req-1", route.endpoints[0], int(route.headers[wire.CACHED_TOKENS_HEADER]))]
+
+
+async def test_the_decisions_tell_the_next_how_often_new_prefixes_were_followed() -> None:
+    """Each decision's reason feeds ``PrefixReuse``; the next request carries the ratio to the profile: cold
+    placements nobody followed narrow the placement window, a request that finds its prefix widens it again."""
+    router, _, _ = make_router()
+    seen: list[float] = []
+    real = router.decider._deps.profile  # type: ignore[attr-defined]
+
+    class Spy:
+        def decide(self, request: RoutingRequest, candidates: Sequence[Candidate], rng: random.Random) -> Decision:
+            seen.append(request.prefix_followers)
+            return real.decide(request, candidates, rng)
+
+    router.decider._deps = dataclasses.replace(router.decider._deps, profile=Spy())  # type: ignore[attr-defined]
+    for i in range(4):
+        router._deps.preparer.tokens = [i * 10000 + t for t in range(1000)]  # type: ignore[attr-defined]
+        assert (await router.route(post())).headers["x-router-reason"] == "load"  # type: ignore[union-attr]
+    assert (await router.route(post())).headers["x-router-reason"] == "cache"  # type: ignore[union-attr]
+    await router.route(post())
+    # the prior (one of each) fades by 1/64 per decision: (warm + p) / (cold + p), p = 1 - n/64
+    p = [1 - n / 64 for n in range(6)]
+    expected = [
+        1.0,
+        p[1] / (1 + p[1]),
+        p[2] / (2 + p[2]),
+        p[3] / (3 + p[3]),
+        p[4] / (4 + p[4]),
+        (1 + p[5]) / (4 + p[5]),
+    ]
+    assert seen == pytest.approx(expected)

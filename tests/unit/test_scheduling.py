@@ -145,6 +145,20 @@ def test_ttft_profile_table(candidates: list[Candidate], pick: EndpointId, reaso
     assert len(decision.endpoints) == len(set(decision.endpoints))
 
 
+@pytest.mark.parametrize(
+    ("followers", "pick"),
+    [(1.0, B), (3.0, B), (0.5, B), (0.3, A), (0.0, A)],
+    ids=["one-each", "more-than-one", "window-halved-still-holds-it", "window-too-narrow", "none-follow"],
+)
+def test_cold_placement_window_follows_the_measured_followers(followers: float, pick: EndpointId) -> None:
+    # B is 0.08 s worse by estimate but serves the least hot traffic: worth it while new prefixes are
+    # followed (the window is stickiness_s, 0.2 s, times the followers, at most one); by estimate when not.
+    candidates = [cand(A, 0, capacity=600, hot=400), cand(B, 0, queued=800, capacity=600, hot=100)]
+    request = replace(req(), prefix_followers=followers)
+    decision = DEFAULT.decide(request, candidates, random.Random(0))
+    assert (decision.endpoints[0], decision.reason) == (pick, Reason.LOAD)
+
+
 def test_tenant_ttft_target_bounds_the_wait_for_a_warm_endpoint() -> None:
     candidates = [cand(A, 99, queued=15000), cand(B, 0)]  # warm ~1.5 s, cold ~0.16 s
     patient = req(tenant=Tenant("batch", ttft_target_s=3.0))

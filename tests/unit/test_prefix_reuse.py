@@ -1,0 +1,56 @@
+"""``PrefixReuse``: warm decisions per cold one over a bounded window, with a prior of one follower each."""
+
+import math
+
+import pytest
+
+from extproc.scheduling.prefix_reuse import PrefixReuse
+from extproc.types import Reason
+
+
+def test_no_evidence_reads_as_one_follower_per_placement() -> None:
+    assert PrefixReuse().followers() == 1.0
+
+
+def test_unfollowed_placements_close_the_window() -> None:
+    reuse = PrefixReuse(window=64, prior=4)
+    for _ in range(16):
+        reuse.decided(Reason.LOAD)
+    assert reuse.followers() == pytest.approx(3 / 19)  # the prior has faded to 3 of each
+    for _ in range(100):
+        reuse.decided(Reason.LOAD)
+    assert reuse.followers() == 0.0  # a full window: evidence alone
+
+
+def test_followed_placements_keep_it_open() -> None:
+    # tenants' shape: a group's prefix placed once, then its users' requests find it
+    reuse = PrefixReuse(window=64, prior=4)
+    for reason in [Reason.LOAD, Reason.CACHE, Reason.HOLD, Reason.CACHE, Reason.MOVE, Reason.SPILL] * 10:
+        reuse.decided(reason)
+    assert reuse.followers() > 1.0
+
+
+def test_old_decisions_leave_the_window() -> None:
+    reuse = PrefixReuse(window=8, prior=1)
+    for _ in range(4):
+        reuse.decided(Reason.CACHE)
+    assert reuse.followers() == pytest.approx(4.5 / 0.5)
+    for _ in range(4):
+        reuse.decided(Reason.CACHE)
+    assert reuse.followers() == math.inf  # every decision of a full window warm
+    for _ in range(6):
+        reuse.decided(Reason.LOAD)
+    assert reuse.followers() == pytest.approx(2 / 6)  # the last 8: two warm, six cold
+
+
+@pytest.mark.parametrize("reason", [Reason.NO_TOKENS, Reason.SHARE, Reason.SHED, Reason.NO_ENDPOINT])
+def test_reasons_that_say_nothing_of_the_prefix_are_not_counted(reason: Reason) -> None:
+    reuse = PrefixReuse(window=8, prior=1)
+    reuse.decided(reason)
+    assert reuse.followers() == 1.0
+
+
+@pytest.mark.parametrize(("window", "prior"), [(0, 4), (64, 0)])
+def test_bad_sizes_are_refused(window: int, prior: int) -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        PrefixReuse(window=window, prior=prior)
