@@ -123,7 +123,7 @@ class RouterMetrics:
             registry=registry,
         )
         self.prefix_followers = Gauge(
-            "router_prefix_followers",
+            "router_placement_followers",
             "Warm decisions per cold one over this replica's recent decisions (scheduling.prefix_reuse): "
             "below 1, new prefixes are seldom followed and cold placement narrows toward the estimate",
             registry=registry,
