@@ -31,7 +31,7 @@ from extproc.indexes import build_indexes
 from extproc.kvcache.feed import EventFeed
 from extproc.kvcache.gate import CacheObserver, ObservedWrites
 from extproc.kvcache.occupancy import Occupancy
-from extproc.kvcache.subscriber import EventSource
+from extproc.kvcache.subscriber import EventSource, SubscriberOptions
 from extproc.lifecycle import EndpointLifecycle
 from extproc.observability import CountersCollector, PreciseGauge, RouterMetrics
 from extproc.protocol.server import ExtProcServer, start_ext_proc
@@ -110,6 +110,7 @@ class App:
             on_send=self.inflight.scrape_sent,
             on_scrape=self.inflight.scraped,
             on_down=lambda eid: self.lifecycle.down(eid),
+            on_round=lambda: self.feed.subscriber.pace(),  # the events that arrived, read in the round's wake-up
         )
         self.discoveries = [self._dns_discovery(i, dns) for i, dns in enumerate(config.discovery.names())]
         self._found: dict[int, frozenset[EndpointId]] = {}  # {discovery index: what it found last}
@@ -121,6 +122,7 @@ class App:
         writes = ObservedWrites(self.indexes.writes, observers)
         self.feed = EventFeed(
             sources_from_config(config.endpoints), writes, self.approx, self._scheme_of, leases=self.indexes.leases,
+            options=SubscriberOptions(paced=config.scrape.paced_kv_events),
         )  # fmt: skip
         self.calibration = TtftCalibration(self.metrics, cost_learning(config.scheduling))
         forgets = [self.calibration.forget, self.hot_blocks.cleared]

@@ -137,6 +137,12 @@ class ScrapeConfig(_Strict):
         description="read each round's answers at the next round or before a decision, whichever comes first, "
         "instead of waking for each (plain-http endpoints at IP addresses; ~45% less CPU per scrape)",
     )
+    paced_kv_events: bool = Field(
+        True,
+        description="read the engines' KV-event messages once per scrape round (and at least every 0.5 s) "
+        "instead of waking for each: the precise index lags the engines by up to a round, which the picker's "
+        "own marks of its picks cover (index.burst_mark_ttl_s)",
+    )
 
 
 class TtftProfileConfig(_Strict):

@@ -19,6 +19,9 @@ cheaper for the engine to write) unless ``narrow_pages`` is off. An endpoint who
 (an HTTP status) or lacks the load gauges, while its whole page reads fine, is read whole from then on (logged
 once); when both fail, it is an ordinary failure and the narrowed read is tried again next round.
 
+``on_round`` is called at the start of each round, in the wake-up the round costs anyway: the KV-event
+subscriber reads the messages that arrived since the last round there (``SubscriberOptions.paced``).
+
 Each call has a timeout; failures are logged once per change of state, never raised.
 """
 
@@ -66,6 +69,7 @@ class Scraper:
         on_scrape: Callable[[EndpointId], None] | None = None,
         metrics_urls: Mapping[EndpointId, str] | None = None,
         on_down: Callable[[EndpointId], None] | None = None,
+        on_round: Callable[[], None] | None = None,
         narrow_pages: bool = True,
         deferred_reads: bool = True,
     ) -> None:
@@ -90,6 +94,7 @@ class Scraper:
         self._on_send = on_send  # called as a metrics request goes out (the page shows what was routed before)
         self._on_scrape = on_scrape
         self._on_down = on_down  # called once when an endpoint turns unhealthy (its engine died or restarts)
+        self._on_round = on_round  # called at each round's start, in the wake-up it costs (KvEventSubscriber.pace)
         self._loops: dict[EndpointId, asyncio.Task[None]] = {}  # one per endpoint, for its lifetime here
         self._round = asyncio.Event()  # set when a round starts; replaced by a fresh one for the next
         self._rounds = 0  # rounds started
@@ -356,6 +361,11 @@ class Scraper:
             started, self._round = self._round, asyncio.Event()
             self._rounds += 1
             self._poll_round()
+            if self._on_round is not None:
+                try:
+                    self._on_round()
+                except Exception:  # a bug there must not end the ticker, which nothing restarts
+                    log.exception("the round's callback failed")
             started.set()
             await asyncio.sleep(self._interval_s)
 

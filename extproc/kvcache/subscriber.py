@@ -37,6 +37,12 @@ replays are applied rather than thrown away.
 Modes: ``connect`` (we dial each engine's PUB, the usual case) or ``bind`` (we bind and the engine dials us;
 vLLM connects when its endpoint has no ``*``). The replay socket is always the engine's, so we always dial it.
 
+Reading: by default a message wakes the event loop as it arrives (a reader on the SUB socket's ``ZMQ_FD``).
+``paced`` (the picker's default, ``scrape.paced_kv_events``): the SUB socket is not watched; each stream reads
+what arrived when ``pace`` is called (once per scrape round, by the scraper's ticker, in the wake-up the round
+costs anyway) or when its poll interval passes. Order, gaps, replays and leases are unchanged: only when a
+stream looks is. Connection changes (the monitor socket) still wake it at once.
+
 The loop owns its sockets: on any unexpected error it logs, closes them, backs off and starts over (which
 counts as a reconnect). Every wait is bounded: polls tick every ``poll_interval_s`` and a replay gives up
 after ``replay_timeout_s`` or ``replay_max_batches``.
@@ -92,6 +98,10 @@ class SubscriberOptions:
     rcvhwm: int = 100_000
     heartbeat_ivl_ms: int = 2_000  # ZMTP heartbeats notice a silently dead peer
     warn_every_s: float = 30.0
+    # True: a message does not wake the event loop; each stream reads what arrived when ``pace()`` is called
+    # (once per scrape round, in the wake-up that round costs anyway) and at least every ``poll_interval_s``.
+    # Connection changes still wake it at once.
+    paced: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,19 +157,27 @@ class _Stream:
 
 
 class _Readable:
-    """Which of a stream's sockets have a message, waking the loop through a reader on each socket's ``ZMQ_FD``
-    kept for the sockets' life. zmq.asyncio's Poller builds futures, callbacks and a timer per call and takes one
-    more turn of the loop: on this kind of VM ~100-200 of the 300-550 us of CPU a message cost (``bench/results/
-    events-cost/notes.md``). The FD is edge-triggered and only says "look": ``ZMQ_EVENTS`` is read after the
-    signal is cleared, so a message arriving between the two still wakes the next wait."""
+    """Which of a stream's sockets have a message, waking the loop through a reader on each ``watched`` socket's
+    ``ZMQ_FD`` kept for the sockets' life (default: all of them). zmq.asyncio's Poller builds futures, callbacks
+    and a timer per call and takes one more turn of the loop: on this kind of VM ~100-200 of the 300-550 us of
+    CPU a message cost (``bench/results/events-cost/notes.md``). The FD is edge-triggered and only says "look":
+    ``ZMQ_EVENTS`` is read after the signal is cleared, so a message arriving between the two still wakes the
+    next wait. A socket not watched is looked at when ``nudge`` is called, or when a wait times out."""
 
-    def __init__(self, sockets: tuple[zmq.Socket[bytes], ...]) -> None:
+    def __init__(
+        self, sockets: tuple[zmq.Socket[bytes], ...], watched: tuple[zmq.Socket[bytes], ...] | None = None
+    ) -> None:
         self._sockets = sockets
         self._loop = asyncio.get_running_loop()
         self._signal = asyncio.Event()
-        self._fds = [int(s.getsockopt(zmq.FD)) for s in sockets]
-        for fd, sock in zip(self._fds, sockets, strict=True):
+        watched = sockets if watched is None else watched
+        self._fds = [int(s.getsockopt(zmq.FD)) for s in watched]
+        for fd, sock in zip(self._fds, watched, strict=True):
             self._loop.add_reader(fd, self._look, sock)
+
+    def nudge(self) -> None:
+        """Have the waiter look at every socket now (the paced reading's round)."""
+        self._signal.set()
 
     def _look(self, sock: zmq.Socket[bytes]) -> None:
         """The FD is readable: wake the waiter. Reading ``ZMQ_EVENTS`` here takes the FD's signal down;
@@ -210,6 +228,7 @@ class KvEventSubscriber:
         self._plain_ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.shadow(self._ctx.underlying)
         self._clock = clock
         self._streams: dict[EndpointId, _Stream] = {}
+        self._paced: set[_Readable] = set()  # with options.paced: the streams' readers ``pace`` nudges
 
     def add(self, source: EventSource) -> None:
         """Start following ``source`` (to replace an endpoint's source, ``remove`` it first)."""
@@ -232,6 +251,12 @@ class KvEventSubscriber:
         self.ingest.forget(endpoint)
         if self.gate is not None:
             await self.gate.unfollow(endpoint)
+
+    def pace(self) -> None:
+        """With ``options.paced``: every stream reads the messages that arrived since its last look (they are
+        applied in this turn of the event loop). Call it once per scrape round. A no-op otherwise."""
+        for readable in self._paced:
+            readable.nudge()
 
     def status(self, endpoint: EndpointId) -> StreamStatus | None:
         """The endpoint's stream status, or None if it is not followed."""
@@ -321,7 +346,9 @@ class KvEventSubscriber:
                 stream.bound_address = sub.getsockopt_string(zmq.LAST_ENDPOINT)
             else:
                 sub.connect(src.address)
-            readable = _Readable((monitor, sub))
+            readable = _Readable((monitor, sub), watched=(monitor,) if opt.paced else None)
+            if opt.paced:
+                self._paced.add(readable)
             tick_s = opt.poll_interval_s if self.gate is None else min(opt.poll_interval_s, _GATE_TICK_S)
             while True:
                 ready = await readable.wait(tick_s)
@@ -333,6 +360,7 @@ class KvEventSubscriber:
                     await self._on_message(stream, sub.recv_multipart(zmq.NOBLOCK))
         finally:
             if readable is not None:
+                self._paced.discard(readable)
                 readable.close()
             with contextlib.suppress(zmq.ZMQError):
                 sub.disable_monitor()

@@ -202,6 +202,26 @@ async def test_a_bug_while_applying_an_answer_stops_neither_the_rounds_nor_a_dec
     assert any("a bug in on_scrape" in (r.exc_text or "") for r in caplog.records)
 
 
+async def test_each_round_calls_on_round_and_a_bug_there_stops_no_round(caplog: pytest.LogCaptureFixture) -> None:
+    """``on_round`` (the KV-event subscriber's ``pace``) runs once per round, in the round's own wake-up."""
+    rounds: list[int] = []
+
+    def on_round() -> None:
+        rounds.append(len(rounds))
+        if len(rounds) == 2:
+            raise RuntimeError("a bug in on_round")
+
+    scraper = Scraper(
+        EndpointRegistry([]), {}, interval_s=0.01, timeout_s=1.0, discover_interval_s=60.0, on_round=on_round
+    )
+    await scraper.start()
+    try:
+        await until(lambda: len(rounds) >= 5, timeout_s=10.0, what="rounds going on after the bug")
+    finally:
+        await scraper.stop()
+    assert any("a bug in on_round" in (r.exc_text or "") for r in caplog.records)
+
+
 class Recording(Scraper):
     """A scraper whose scrapes only record ``(endpoint, discover, round)``; ``script`` may make one slow or die."""
 
