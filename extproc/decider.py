@@ -430,7 +430,7 @@ class LocalDecider:
         see its own first pick). With Redis the write waits on I/O and stays in the background."""
         pick = decision.endpoints[0]
         self._reuse.decided(decision.reason)
-        self._deps.metrics.prefix_followers.set(self._reuse.followers())
+        self._deps.metrics.placement_followers.set(self._reuse.followers())
         uncached = 0 if prefilled_elsewhere else max(routing.prompt_tokens - decision.cached_tokens, 0)
         self._deps.inflight.add(pick, uncached)
         if self._deps.hot_blocks is not None:

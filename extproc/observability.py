@@ -122,7 +122,7 @@ class RouterMetrics:
             ["endpoint"],
             registry=registry,
         )
-        self.prefix_followers = Gauge(
+        self.placement_followers = Gauge(
             "router_placement_followers",
             "Warm decisions per cold one over this replica's recent decisions (scheduling.prefix_reuse): "
             "below 1, new prefixes are seldom followed and cold placement narrows toward the estimate",
