@@ -188,12 +188,13 @@ class Scraper:
         for eid in list(self._awaited):  # (a failure's on_down may change the targets)
             self._safely(self._collect, eid)
 
-    def _safely(self, step: Callable[[EndpointId], None], eid: EndpointId) -> None:
-        """``step(eid)``, logging a bug instead of raising it: it must stop neither the ticker nor a decision."""
+    def _safely(self, step: Callable[..., None], *args: EndpointId) -> None:
+        """``step(*args)``, logging a bug instead of raising it: it must stop neither the ticker (which nothing
+        restarts) nor a decision."""
         try:
-            step(eid)
+            step(*args)
         except Exception:
-            log.exception("scrape of %s", eid)
+            log.exception("scrape step %s%s failed", getattr(step, "__name__", step), args)
 
     def _apply(self, eid: EndpointId, metrics: EngineMetrics) -> None:
         state = self._registry.snapshot().get(eid)
@@ -362,10 +363,7 @@ class Scraper:
             self._rounds += 1
             self._poll_round()
             if self._on_round is not None:
-                try:
-                    self._on_round()
-                except Exception:  # a bug there must not end the ticker, which nothing restarts
-                    log.exception("the round's callback failed")
+                self._safely(self._on_round)
             started.set()
             await asyncio.sleep(self._interval_s)
 
