@@ -42,17 +42,17 @@ class PrefixReuse:
     def __init__(self, window: int = WINDOW_DECISIONS, prior: int = PRIOR_DECISIONS) -> None:
         if window < 1 or prior < 1:
             raise ValueError(f"window ({window}) and prior ({prior}) must be at least 1")
+        self._window = window
         self._recent: deque[bool] = deque(maxlen=window)  # True: warm
         self._warm = 0
         self._prior = prior
-        self._window = window
 
     def decided(self, reason: Reason) -> None:
         """Count one decision by its reason (those that say nothing of the prefix are skipped)."""
         warm = reason in _WARM
         if not warm and reason not in _COLD:
             return
-        if len(self._recent) == self._recent.maxlen:
+        if len(self._recent) == self._window:
             self._warm -= self._recent[0]
         self._recent.append(warm)
         self._warm += warm
