@@ -109,12 +109,15 @@ def main(argv: list[str] | None = None) -> int:
     w, policy = WORKLOADS[args.workload], POLICIES[args.policy]
     rates = [float(x) for x in args.rates.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
-    backends = Backends(w.fleet_for(False), args.out / "fleet").start()
+    fleet = w.fleet_for(False)
+    plans = [w.plan(rate, step, args.seed, False) for step, rate in enumerate(rates)]
+    backends = Backends(fleet, args.out / "fleet").start()
     try:
+        if fleet.engine == "sim":  # as the suite does: no policy pays the simulator's first tokenization
+            measure.warm_tokenizer(backends.addresses[0], plans)
         router = start_router(policy, backends, args.out / policy.name, {"logging": {"level": "INFO"}})
         try:
-            for step, rate in enumerate(rates):
-                plan = w.plan(rate, step, args.seed, False)
+            for rate, plan in zip(rates, plans, strict=True):
                 rows = _cell(plan, backends, router, args.out / policy.name)
                 (args.out / f"trace-{policy.name}-{rate:g}.jsonl").write_text(
                     "".join(json.dumps(r) + "\n" for r in rows)
