@@ -34,10 +34,11 @@ from extproc.observability import PhaseTimer, RouterMetrics
 from extproc.redis.shared_load import SharedLoadUnavailable, SharedQueue, SharedQueues
 from extproc.reservations import Decided, Reserver, fresher
 from extproc.scheduling import pd
-from extproc.scheduling.estimate import EstimatorParams, cost_terms
+from extproc.scheduling.estimate import EstimatorParams, configured_cost, cost_terms
 from extproc.scheduling.filters import eligible
 from extproc.scheduling.prefix_reuse import PrefixReuse
 from extproc.scheduling.profiles import Profile
+from extproc.scheduling.sessions import floor_share
 from extproc.tasks import within_or_orphan
 from extproc.types import (
     BlockHash,
@@ -84,13 +85,17 @@ class Ask:
     phases_s: Mapping[str, float] = field(default_factory=dict)
     body_head: bytes = b""
 
-    def routing(self, tenant: Tenant, token_ids: TokenIds | None = None, *, followers: float = 1.0) -> RoutingRequest:
-        """The request as the decision (and the diagnostics, with ``token_ids``) read it; ``followers``: the
-        decider's measure of how often new prefixes were followed lately (``RoutingRequest.prefix_followers``)."""
+    def routing(
+        self, tenant: Tenant, token_ids: TokenIds | None = None, *, followers: float = 1.0, chains: float = 0.0
+    ) -> RoutingRequest:
+        """The request as the decision (and the diagnostics, with ``token_ids``) read it; ``followers`` and
+        ``chains``: the decider's measures of how often new prefixes were followed and how long chains ran lately
+        (``RoutingRequest.prefix_followers``, ``chain_followers``)."""
         return RoutingRequest(
             request_id=self.request_id, model=self.model, base_model=self.base_model, lora=self.lora,
             prompt_tokens=self.prompt_tokens, block_hashes=self.block_hashes, block_size=self.scheme.block_size,
             tenant=tenant, subset=self.subset, token_ids=token_ids, prefix_followers=followers,
+            chain_followers=chains,
         )  # fmt: skip
 
 
@@ -194,7 +199,10 @@ class LocalDecider:
         if ask.block_hashes and current != ask.scheme:
             raise SchemeChanged(current)
         timer = PhaseTimer(self._clock)
-        routing = ask.routing(self._deps.tenant_for(ask.tenant_id), followers=self._reuse.followers())
+        reuse = self._reuse
+        routing = ask.routing(
+            self._deps.tenant_for(ask.tenant_id), followers=reuse.followers(), chains=reuse.chain_followers()
+        )
         try:
             decision, split = await self._decide(routing, timer)
         except RouterError as exc:
@@ -408,8 +416,9 @@ class LocalDecider:
             calibration.predicted(pick, decision.estimates_s[pick])
             return
         chosen = next(c for c in candidates if c.endpoint.id == pick)
-        terms = cost_terms(chosen, routing.prompt_tokens, routing.block_size, params)
-        calibration.predicted(pick, decision.estimates_s[pick], terms.features(), terms.fixed_s)
+        terms = cost_terms(chosen, routing.prompt_tokens, routing.block_size, params, floor_share(routing))
+        unlearned_s = terms.unlearned_s(chosen.cost or configured_cost(params))
+        calibration.predicted(pick, decision.estimates_s[pick], terms.features(), unlearned_s)
 
     async def _record(
         self,
@@ -429,10 +438,12 @@ class LocalDecider:
         write left to a background task could miss the very next decision (a burst of one document would not
         see its own first pick). With Redis the write waits on I/O and stays in the background."""
         pick = decision.endpoints[0]
-        self._reuse.decided(decision.reason)
+        self._reuse.decided(decision.reason, continued=self._continued(routing, decision))
         self._deps.metrics.placement_followers.set(self._reuse.followers())
+        self._deps.metrics.chain_followers.set(self._reuse.chain_followers())
         uncached = 0 if prefilled_elsewhere else max(routing.prompt_tokens - decision.cached_tokens, 0)
-        self._deps.inflight.add(pick, uncached)
+        first_token_in_s = None if prefilled_elsewhere else decision.estimates_s.get(pick)  # busy prefilling it
+        self._deps.inflight.add(pick, uncached, first_token_in_s)
         if self._deps.hot_blocks is not None:
             placed = decision.reason == Reason.LOAD
             self._deps.hot_blocks.routed(
@@ -449,6 +460,16 @@ class LocalDecider:
             live = self._deps.has_live_events(pick) if self._deps.has_live_events else pick in precise
             ttl = self._settings.burst_mark_ttl_s if live else self._settings.approx_ttl_s
             await self._write(self._deps.approx.store(pick, routing.block_hashes, ttl_s=ttl, chain=_FROM_ROOT))
+
+    def _continued(self, routing: RoutingRequest, decision: Decision) -> bool:
+        """Whether the pick's cached prefix ends in blocks that one earlier request stored there and nobody hit
+        since (not in the hot set: neither hit nor placed as a new prefix): this request continues that request's
+        own context (``scheduling.prefix_reuse``). A question about a document placed there ends in the placed
+        prefix, which is: it starts something. Read before the record counts its hit."""
+        cached_blocks = decision.cached_tokens // routing.block_size
+        if self._deps.hot_blocks is None or not 0 < cached_blocks <= len(routing.block_hashes):
+            return False
+        return not self._deps.hot_blocks.tracked(decision.endpoints[0], routing.block_hashes[cached_blocks - 1])
 
     async def _record_prefill(self, routing: RoutingRequest, prefill: EndpointId) -> None:
         """A disaggregated request's prefill leg is load on the prefill endpoint, which keeps its blocks (the

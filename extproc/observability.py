@@ -128,6 +128,12 @@ class RouterMetrics:
             "below 1, new prefixes are seldom followed and cold placement narrows toward the estimate",
             registry=registry,
         )
+        self.chain_followers = Gauge(
+            "router_chain_followers",
+            "Decisions that continued an earlier request's own context per decision that did not, over this "
+            "replica's recent decisions (scheduling.prefix_reuse): the calls a chain's start brings along",
+            registry=registry,
+        )
 
         self.cost_model = Gauge(
             "router_cost_model",

@@ -58,6 +58,7 @@ class LoadSnapshot:
     known: bool = False
     scraped_at_s: float = 0.0  # monotonic
     inflight_requests: int = 0  # routed by us since what the last scrape can show (InflightLoad)
+    prefill_busy_s: float = 0.0  # until the predicted first token of the last request we routed (InflightLoad)
     queued_prefill_tokens: float = 0.0  # uncached prompt tokens we estimate are still ahead in its queue
 
 
@@ -133,6 +134,9 @@ class RoutingRequest:
     # requests that followed each new prefix lately (``scheduling.prefix_reuse``): what a cold placement's
     # hot-traffic window is worth; 1.0 (its full width) when not measured
     prefix_followers: float = 1.0
+    # requests that continued one earlier request's own context per request that did not, lately
+    # (``scheduling.prefix_reuse``): the calls a chain's start brings along; 0.0 when not measured
+    chain_followers: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

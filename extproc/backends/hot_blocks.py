@@ -110,6 +110,12 @@ class HotBlocks:
         run = ep.runs.get(block) if ep is not None else None
         return run.count if run is not None else 0
 
+    def tracked(self, endpoint: EndpointId, block: BlockHash) -> bool:
+        """Whether ``block`` is in ``endpoint``'s hot set: hit there, or placed there as a new prefix, and not
+        cycled out since. A block an earlier request only stored (its uncached tail) is not."""
+        ep = self._eps.get(endpoint)
+        return ep is not None and block in ep.runs
+
     def removed(self, endpoint: EndpointId, hashes: Sequence[BlockHash]) -> None:
         """The engine evicted ``hashes`` (``BlockRemoved``): they are no longer cached there, so not hot, and
         neither are the blocks after them on their paths."""

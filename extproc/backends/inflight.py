@@ -7,6 +7,13 @@ counted, so the scraped waiting count can be corrected until the next scrape see
 the requests routed before its request went out, never those routed while its answer was on the way; a request
 routed just before may still be on its way through Envoy and the engine's front end (counted as shown: the
 virtual queue still holds its tokens).
+
+Each routed request also keeps the endpoint busy until its predicted first token (the estimate it was routed
+on): ``busy_s`` is how long that still is for the last one, whatever the scrapes show. The engine runs one step
+at a time, so a request that arrives while one we routed is prefilling starts its own prefill after it; the
+token queue above, drained at the configured rate from the moment of routing, misses that wait (the
+estimate's busy floor, ``scheduling/estimate.py``; ``docs/scheduling.md``, "Chains that start beside a
+prefill").
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ class _Queue:
     routed: int = 0  # requests routed here, ever
     shown: int = 0  # of those, how many the last scrape shows
     sent_mark: int | None = None  # ``routed`` when the scrape now on its way was sent
+    busy_until_s: float = 0.0  # the latest predicted first token of a request we routed here (our clock)
 
 
 class InflightLoad:
@@ -43,12 +51,20 @@ class InflightLoad:
         q.updated_s = now
         return q
 
-    def add(self, endpoint: EndpointId, uncached_tokens: int) -> None:
-        """Called once per routed request, right after the decision."""
+    def add(self, endpoint: EndpointId, uncached_tokens: int, first_token_in_s: float | None = None) -> None:
+        """Called once per routed request, right after the decision; ``first_token_in_s``: the TTFT it was
+        routed on (None: not estimated, it keeps nothing busy)."""
         q = self._drained(endpoint)
         q.tokens += uncached_tokens
         q.routed += 1
         self._mean_uncached += 0.05 * (uncached_tokens - self._mean_uncached)
+        if first_token_in_s is not None:
+            q.busy_until_s = max(q.busy_until_s, q.updated_s + first_token_in_s)
+
+    def busy_s(self, endpoint: EndpointId) -> float:
+        """Seconds until the predicted first token of the last request we routed to ``endpoint`` (0: none ahead)."""
+        q = self._queues.get(endpoint)
+        return max(q.busy_until_s - self._clock(), 0.0) if q is not None else 0.0
 
     def scrape_sent(self, endpoint: EndpointId) -> None:
         """Called as a metrics request to ``endpoint`` goes out: its answer will show what we routed before."""

@@ -19,6 +19,8 @@ class RoutedLoad(Protocol):
 
     def routed_since_scrape(self, endpoint: EndpointId) -> int: ...
 
+    def busy_s(self, endpoint: EndpointId) -> float: ...
+
     @property
     def mean_uncached_tokens(self) -> float: ...
 
@@ -45,5 +47,6 @@ def snapshot(
         known=known,
         scraped_at_s=record.scraped_at_s,
         inflight_requests=routed.routed_since_scrape(eid),
+        prefill_busy_s=routed.busy_s(eid),
         queued_prefill_tokens=queued,
     )

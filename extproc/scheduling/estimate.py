@@ -5,6 +5,13 @@ prefilled. Both run at the endpoint's prefill rate, slowed by the decode batch s
 waiting for a slot add a fixed overhead each; a KV cache near full delays admission; an endpoint whose load we
 cannot read is not assumed idle. The configured constants give each term; an endpoint's learned cost model
 (``Candidate.cost``, learned by ``backends.calibration``) reweighs them. Pure: no clocks, no I/O.
+
+The busy floor is a lower bound the terms miss: the engine runs one step at a time, so while a prefill we
+routed there is predicted to run (``LoadSnapshot.prefill_busy_s``), this request's own prefill starts after it
+(the token queue drains from the moment of routing, at the prefill rate alone). ``floor_share`` says how much of
+what the floor adds above the terms counts: the profile counts it as far as requests continue chains, where the
+wait comes back on every call (``docs/scheduling.md``, "Chains that start beside a prefill"); 0 is the terms
+alone.
 """
 
 from __future__ import annotations
@@ -61,10 +68,18 @@ class CostTerms:
     running: int  # requests in the decode batch the prefill shares steps with
     queue_s: float  # waiting and in-flight requests, at the configured per-request overhead
     fixed_s: float
+    own_work_s: float = 0.0  # this request's uncached tokens alone, at the configured rate
+    busy_s: float = 0.0  # a prefill we routed there is predicted to run this long yet (the busy floor)
+    floor_share: float = 0.0  # how much of what the busy floor adds above the terms counts (0..1)
 
     def features(self) -> tuple[float, float, float, float]:
         """What each learned weight multiplies: (1, work, work x running, queue); ``LearnedCost``'s order."""
         return 1.0, self.work_s, self.work_s * self.running, self.queue_s
+
+    def unlearned_s(self, cost: LearnedCost) -> float:
+        """The part of ``ttft_s(self, cost)`` no weight produced: the fixed penalties and the busy floor's share
+        (the calibration learns the weights from the rest)."""
+        return self.fixed_s + self.floor_share * _floor_excess_s(self, cost)
 
 
 def configured_cost(params: EstimatorParams) -> LearnedCost:
@@ -74,7 +89,9 @@ def configured_cost(params: EstimatorParams) -> LearnedCost:
     )
 
 
-def cost_terms(candidate: Candidate, prompt_tokens: int, block_size: int, params: EstimatorParams) -> CostTerms:
+def cost_terms(
+    candidate: Candidate, prompt_tokens: int, block_size: int, params: EstimatorParams, floor_share: float = 0.0
+) -> CostTerms:
     """The estimate's terms if this request went to ``candidate`` now."""
     load = candidate.load
     uncached = max(prompt_tokens - cached_tokens(candidate, prompt_tokens, block_size), 1)
@@ -85,18 +102,38 @@ def cost_terms(candidate: Candidate, prompt_tokens: int, block_size: int, params
         excess = (load.kv_usage - params.kv_pressure_threshold) / max(1e-9, 1 - params.kv_pressure_threshold)
         kv_s = excess * params.kv_penalty_s
     unknown_s = 0.0 if load.known else params.unknown_load_penalty_s
-    return CostTerms(work_s=work_s, running=load.running, queue_s=queue_s, fixed_s=kv_s + unknown_s)
+    return CostTerms(
+        work_s=work_s, running=load.running, queue_s=queue_s, fixed_s=kv_s + unknown_s,
+        own_work_s=uncached / params.prefill_tokens_per_s, busy_s=load.prefill_busy_s,
+        floor_share=min(max(floor_share, 0.0), 1.0),
+    )  # fmt: skip
 
 
 def ttft_s(terms: CostTerms, cost: LearnedCost) -> float:
-    """The TTFT ``cost`` predicts from ``terms``."""
+    """The TTFT ``cost`` predicts from ``terms``: the weighted terms, and the busy floor's share above them."""
+    return _weighted_s(terms, cost) + terms.floor_share * _floor_excess_s(terms, cost) + terms.fixed_s
+
+
+def _weighted_s(terms: CostTerms, cost: LearnedCost) -> float:
     slowdown = 1.0 + cost.interference_per_running * terms.running
-    prefill_s = cost.prefill_scale * terms.work_s * slowdown
-    return cost.base_s + prefill_s + cost.queue_scale * terms.queue_s + terms.fixed_s
+    return cost.base_s + cost.prefill_scale * terms.work_s * slowdown + cost.queue_scale * terms.queue_s
 
 
-def estimate_ttft_s(candidate: Candidate, prompt_tokens: int, block_size: int, params: EstimatorParams) -> float:
+def _floor_excess_s(terms: CostTerms, cost: LearnedCost) -> float:
+    """What the busy floor (the prefill we routed that is predicted to run yet, then this request's own on an
+    otherwise idle engine) adds above the weighted terms; 0 when none of ours runs there."""
+    if terms.busy_s <= 0:
+        return 0.0
+    slowdown = 1.0 + cost.interference_per_running * terms.running
+    floor_s = terms.busy_s + cost.base_s + cost.prefill_scale * terms.own_work_s * slowdown
+    return max(floor_s - _weighted_s(terms, cost), 0.0)
+
+
+def estimate_ttft_s(
+    candidate: Candidate, prompt_tokens: int, block_size: int, params: EstimatorParams, floor_share: float = 0.0
+) -> float:
     """Estimated seconds until the first token if this request went to ``candidate`` now: the candidate's
-    learned cost model (``Candidate.cost``) if it has one, else the configured one."""
-    terms = cost_terms(candidate, prompt_tokens, block_size, params)
+    learned cost model (``Candidate.cost``) if it has one, else the configured one; ``floor_share`` of the busy
+    floor (module docstring)."""
+    terms = cost_terms(candidate, prompt_tokens, block_size, params, floor_share)
     return ttft_s(terms, candidate.cost or configured_cost(params))

@@ -15,6 +15,14 @@ left at even 1/65 of ``stickiness_s`` kept unique at 1.05-1.08x round robin's TT
 burst of placements of prefixes that will be followed (tenants: 16 groups placed in the first second) sees warm
 requests among it: the ratio stays near one there. Decisions whose reason says nothing of the prefix (no tokens,
 tenant shares, shed) are not counted. Not thread-safe: the event loop.
+
+The same window also says how long chains of requests run (``chain_followers``): a warm decision whose cached
+prefix ends in blocks one earlier request stored on that endpoint and nobody hit or placed there since
+*continued* that request's own context (an agent's next call, a conversation's next turn); every other counted
+decision started something (a chain's first call on a shared prefix, a question about a document, a new
+prompt). Continued per started is how many
+calls a chain's start brings along, measured: ``sessions.invested_estimates`` counts them as reuse of a shared
+prefix copied for that start. No evidence reads as none (the fading prior is one started decision).
 """
 
 from __future__ import annotations
@@ -43,19 +51,25 @@ class PrefixReuse:
         if window < 1 or prior < 1:
             raise ValueError(f"window ({window}) and prior ({prior}) must be at least 1")
         self._window = window
-        self._recent: deque[bool] = deque(maxlen=window)  # True: warm
+        self._recent: deque[tuple[bool, bool]] = deque(maxlen=window)  # (warm, continued)
         self._warm = 0
+        self._continued = 0
         self._prior = prior
 
-    def decided(self, reason: Reason) -> None:
-        """Count one decision by its reason (those that say nothing of the prefix are skipped)."""
+    def decided(self, reason: Reason, *, continued: bool = False) -> None:
+        """Count one decision by its reason (those that say nothing of the prefix are skipped); ``continued``:
+        a warm one whose cached prefix ended where no earlier request had hit (module docstring)."""
         warm = reason in _WARM
         if not warm and reason not in _COLD:
             return
+        continued = continued and warm
         if len(self._recent) == self._window:
-            self._warm -= self._recent[0]
-        self._recent.append(warm)
+            gone_warm, gone_continued = self._recent[0]
+            self._warm -= gone_warm
+            self._continued -= gone_continued
+        self._recent.append((warm, continued))
         self._warm += warm
+        self._continued += continued
 
     def followers(self) -> float:
         """Warm decisions per cold one lately, the fading prior included: how many requests followed each new
@@ -66,3 +80,10 @@ class PrefixReuse:
         if cold + prior == 0:
             return math.inf
         return (self._warm + prior) / (cold + prior)
+
+    def chain_followers(self) -> float:
+        """Continued decisions per started one lately, one started counted in advance while the window fills
+        (and at least one counted: a window that only continued reads as one chain)."""
+        seen = len(self._recent)
+        started = seen - self._continued + self._prior * (1 - seen / self._window)
+        return self._continued / max(started, 1.0)

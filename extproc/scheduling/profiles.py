@@ -23,7 +23,7 @@ from typing import Protocol
 from extproc.errors import NoEndpoint, Overloaded
 from extproc.scheduling.estimate import EstimatorParams, cached_tokens, copy_fits, estimate_ttft_s
 from extproc.scheduling.scorers import SCORERS
-from extproc.scheduling.sessions import invested_estimates
+from extproc.scheduling.sessions import floor_share, invested_estimates
 from extproc.scheduling.tenant_shares import SharePolicy, narrowed
 from extproc.types import Candidate, Decision, EndpointId, Reason, RoutingRequest
 
@@ -54,8 +54,9 @@ class TtftProfile:
         return self._decide(request, candidates, rng)
 
     def _decide(self, request: RoutingRequest, candidates: Sequence[Candidate], rng: random.Random) -> Decision:
+        share = floor_share(request)
         est = {
-            c.endpoint.id: estimate_ttft_s(c, request.prompt_tokens, request.block_size, self.params)
+            c.endpoint.id: estimate_ttft_s(c, request.prompt_tokens, request.block_size, self.params, share)
             for c in candidates
         }
         best = min(est.values())
@@ -87,10 +88,7 @@ class TtftProfile:
         if warm_est <= best + self.stickiness_s:  # worth staying by the request's own estimate; the prefix's?
             allowed = [c for c in candidates if c.endpoint.id in move]
             invested = invested_estimates(request, warm, allowed, est, self.params)
-            # the copy pays for itself over its reuse, by more than a tie, against load that lasts: not the
-            # requests routed since the last scrape (a bridge until the scrape shows them; many are done)
-            lasting = replace(warm, load=replace(warm.load, inflight_requests=0))
-            lasting_s = estimate_ttft_s(lasting, request.prompt_tokens, request.block_size, self.params)
+            lasting_s = self._lasting_s(request, warm)
             if invested and min(invested.values()) < lasting_s - self.tie_epsilon_s:
                 return _spread(invested, min(invested.values()), self.tie_epsilon_s, rng), Reason.MOVE
             return warm.endpoint.id, Reason.CACHE
@@ -98,6 +96,13 @@ class TtftProfile:
         if warm_est <= best_move + self.stickiness_s:
             return warm.endpoint.id, Reason.HOLD if warm_est > best + self.stickiness_s else Reason.CACHE
         return _spread(move, best_move, self.tie_epsilon_s, rng), Reason.SPILL
+
+    def _lasting_s(self, request: RoutingRequest, warm: Candidate) -> float:
+        """The warm endpoint's estimate against load that lasts, which a copy must beat: not the requests routed
+        since the last scrape (a bridge until the scrape shows them; many are done). A prefill of ours that is
+        predicted to run yet stays, at the busy floor's share (``floor_share``)."""
+        steady = replace(warm, load=replace(warm.load, inflight_requests=0))
+        return estimate_ttft_s(steady, request.prompt_tokens, request.block_size, self.params, floor_share(request))
 
     def _place(
         self,

@@ -36,7 +36,9 @@ def invested_estimates(
     """Per target other than ``warm`` that would copy part of its prefix: the target's estimate as if it held
     that prefix, plus twice its copy spread over the prefix's reuse (module docstring). ``est``: the plain
     estimates, whose difference from the as-if one is the copy."""
-    reuse = 1 + max(warm.prefix_hits, 0)
+    reuse = 1.0 + max(warm.prefix_hits, 0)
+    if warm.prefix_hits > 0:  # a shared prefix: each use starts a chain, which brings its measured calls along
+        reuse *= 1 + request.chain_followers
     out: dict[EndpointId, float] = {}
     for c in targets:
         if c.endpoint.id == warm.endpoint.id or c.cached_blocks >= warm.cached_blocks:
@@ -46,3 +48,11 @@ def invested_estimates(
         copy_s = max(est[c.endpoint.id] - as_if, 0.0)
         out[c.endpoint.id] = as_if + 2 * copy_s / reuse
     return out
+
+
+def floor_share(request: RoutingRequest) -> float:
+    """How much of the busy floor counts for ``request`` (``estimate``): a prefill of ours beside it delays a
+    one-off request once, but beside a chain's calls the wait comes back on every call of both chains (lockstep,
+    docs/scheduling.md), so it counts as far as requests continue chains lately, in full from one call per
+    chain's start."""
+    return min(request.chain_followers, 1.0)

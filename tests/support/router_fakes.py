@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry
 
 from extproc.backends.calibration import TtftCalibration
+from extproc.backends.hot_blocks import HotBlocks
 from extproc.backends.inflight import InflightLoad
 from extproc.backends.registry import EndpointRegistry
 from extproc.backends.vllm_metrics import EngineMetrics
@@ -119,10 +120,12 @@ def make_router(
     shared_load: SharedQueue | None = None,
     calibration: TtftCalibration | None = None,
     fresh_load: Callable[[], None] | None = None,
+    hot_blocks: HotBlocks | None = None,
 ) -> tuple[Router, DictIndex, InflightLoad]:
     """``shared_load``: the load shared with other replicas (lookups then wait on I/O, as with Redis);
     ``calibration``: learn each endpoint's cost from its scraped TTFT (with the profile's estimator);
-    ``fresh_load``: called before each decision reads the registry (the scraper's deferred reads)."""
+    ``fresh_load``: called before each decision reads the registry (the scraper's deferred reads);
+    ``hot_blocks``: the blocks recent requests hit per endpoint (None: not tracked)."""
     registry = registry or EndpointRegistry([Endpoint(A), Endpoint(B)])
     for eid in registry.snapshot():
         registry.scraped(eid, EngineMetrics(running=0, waiting=0, kv_usage=0.1, models=frozenset({"m"})))
@@ -154,6 +157,7 @@ def make_router(
         calibration=calibration,
         estimator=estimator_params(scheduling) if calibration is not None else None,
         fresh_load=fresh_load,
+        hot_blocks=hot_blocks,
     )
     settings = settings or RouterSettings()
     local = LocalDecider(decider, settings.decider, rng=random.Random(0))

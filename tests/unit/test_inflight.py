@@ -41,3 +41,17 @@ def test_what_a_scrape_can_show(steps: str, not_shown: int) -> None:
     for step in steps:
         act[step]()
     assert load.routed_since_scrape(A) == not_shown
+
+
+def test_an_endpoint_is_busy_until_the_last_predicted_first_token() -> None:
+    clock = FakeClock()
+    load = InflightLoad(1000.0, clock=clock)
+    assert load.busy_s(A) == 0.0  # nothing routed
+    load.add(A, 256, 0.10)
+    clock.now += 0.04
+    assert load.busy_s(A) == pytest.approx(0.06)
+    load.add(A, 256, 0.02)  # predicted to finish before the first: the first still keeps it busy
+    assert load.busy_s(A) == pytest.approx(0.06)
+    load.add(A, 256, None)  # not estimated: keeps nothing busy
+    clock.now += 0.10
+    assert load.busy_s(A) == 0.0

@@ -20,12 +20,16 @@ class Routed:
     queued: float = 0.0
     since_scrape: int = 0
     mean_uncached: float = 0.0
+    busy: float = 0.0
 
     def queued_tokens(self, endpoint: EndpointId) -> float:
         return self.queued
 
     def routed_since_scrape(self, endpoint: EndpointId) -> int:
         return self.since_scrape
+
+    def busy_s(self, endpoint: EndpointId) -> float:
+        return self.busy
 
     @property
     def mean_uncached_tokens(self) -> float:
@@ -43,10 +47,10 @@ TABLE = [
     (
         "fresh-scrape-counts",
         scraped(running=3, waiting=0, kv=0.5),
-        Routed(since_scrape=1),
+        Routed(since_scrape=2, busy=0.05),
         0.0,
         11.0,
-        LoadSnapshot(running=3, kv_usage=0.5, known=True, scraped_at_s=10.0, inflight_requests=1),
+        LoadSnapshot(running=3, kv_usage=0.5, known=True, scraped_at_s=10.0, inflight_requests=2, prefill_busy_s=0.05),
     ),
     (
         "stale-scrape-reads-as-unknown",

@@ -54,3 +54,27 @@ def test_reasons_that_say_nothing_of_the_prefix_are_not_counted(reason: Reason) 
 def test_bad_sizes_are_refused(window: int, prior: int) -> None:
     with pytest.raises(ValueError, match="at least 1"):
         PrefixReuse(window=window, prior=prior)
+
+
+def test_no_evidence_reads_as_no_chain() -> None:
+    assert PrefixReuse().chain_followers() == 0.0
+
+
+def test_chains_are_continued_per_started_decision() -> None:
+    # agents' shape: a chain's first call on the shared tools (started), then four calls that continue it
+    reuse = PrefixReuse(window=10, prior=1)
+    for continued in [False, True, True, True, True] * 2:
+        reuse.decided(Reason.CACHE, continued=continued)
+    assert reuse.chain_followers() == pytest.approx(8 / 2)  # a full window: the prior has faded
+    for _ in range(10):
+        reuse.decided(Reason.CACHE)  # questions about a document: each starts something
+    assert reuse.chain_followers() == 0.0
+
+
+def test_only_warm_decisions_continue_and_a_window_of_one_chain_reads_as_one_start() -> None:
+    reuse = PrefixReuse(window=4, prior=1)
+    reuse.decided(Reason.LOAD, continued=True)  # a cold request continues nothing
+    assert reuse.chain_followers() == 0.0
+    for _ in range(4):
+        reuse.decided(Reason.CACHE, continued=True)
+    assert reuse.chain_followers() == 4.0

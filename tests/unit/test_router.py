@@ -6,16 +6,17 @@ import json
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 
 from extproc import wire
+from extproc.backends.hot_blocks import HotBlocks
 from extproc.backends.registry import EndpointRegistry
 from extproc.backends.vllm_metrics import EngineMetrics
 from extproc.decider import DeciderSettings
 from extproc.errors import BadRequest, NoEndpoint
-from extproc.router import RouterSettings
+from extproc.router import Router, RouterSettings
 from extproc.types import (
     Candidate,
     Decision,
@@ -233,19 +234,25 @@ async def test_every_decision_reaches_the_status_tap() -> None:
     assert seen == [("req-1", route.endpoints[0], int(route.headers[wire.CACHED_TOKENS_HEADER]))]
 
 
-async def test_the_decisions_tell_the_next_how_often_new_prefixes_were_followed() -> None:
-    """Each decision's reason feeds ``PrefixReuse``; the next request carries the ratio to the profile: cold
-    placements nobody followed narrow the placement window, a request that finds its prefix widens it again."""
-    router, _, _ = make_router()
+def spy_on_requests(router: Router, read: Callable[[RoutingRequest], float]) -> list[float]:
+    """What ``read`` takes from each request the router's profile decides, in order (the profile unchanged)."""
     seen: list[float] = []
     real = router.decider._deps.profile  # type: ignore[attr-defined]
 
     class Spy:
         def decide(self, request: RoutingRequest, candidates: Sequence[Candidate], rng: random.Random) -> Decision:
-            seen.append(request.prefix_followers)
+            seen.append(read(request))
             return real.decide(request, candidates, rng)
 
     router.decider._deps = dataclasses.replace(router.decider._deps, profile=Spy())  # type: ignore[attr-defined]
+    return seen
+
+
+async def test_the_decisions_tell_the_next_how_often_new_prefixes_were_followed() -> None:
+    """Each decision's reason feeds ``PrefixReuse``; the next request carries the ratio to the profile: cold
+    placements nobody followed narrow the placement window, a request that finds its prefix widens it again."""
+    router, _, _ = make_router()
+    seen = spy_on_requests(router, lambda request: request.prefix_followers)
     for i in range(4):
         router._deps.preparer.tokens = [i * 10000 + t for t in range(1000)]  # type: ignore[attr-defined]
         assert (await router.route(post())).headers["x-router-reason"] == "load"  # type: ignore[union-attr]
@@ -262,3 +269,21 @@ async def test_the_decisions_tell_the_next_how_often_new_prefixes_were_followed(
         (1 + p[5]) / (4 + p[5]),
     ]
     assert seen == pytest.approx(expected)
+
+
+async def test_the_decisions_tell_the_next_how_long_chains_run() -> None:
+    """A warm decision whose cached prefix ends in blocks one earlier request stored and nobody hit or placed
+    since continues that request's own context (``PrefixReuse.chain_followers``); one that ends in a placed or
+    hit prefix starts something."""
+    router, _, _ = make_router(hot_blocks=HotBlocks(lambda endpoint: 1024))
+    seen = spy_on_requests(router, lambda request: request.chain_followers)
+    first = list(range(320))  # 20 blocks, placed cold
+    second = first + list(range(1000, 1200))  # ends in the placed prefix: starts something
+    third = second + list(range(2000, 2200))  # ends in what the second stored: continues it
+    reasons = []
+    for tokens in [first, second, third, third + list(range(3000, 3200))]:
+        router._deps.preparer.tokens = tokens  # type: ignore[attr-defined]
+        reasons.append((await router.route(post())).headers["x-router-reason"])  # type: ignore[union-attr]
+    assert reasons[:3] == ["load", "cache", "cache"]
+    # continued per started, one started counted in advance while the window fills: p = 1 - n/64
+    assert seen == pytest.approx([0.0, 0.0, 0.0, 1 / (2 + 61 / 64)])

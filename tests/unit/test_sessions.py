@@ -13,7 +13,7 @@ import pytest
 
 from extproc.config import SchedulingConfig
 from extproc.scheduling.build import build_profile
-from extproc.scheduling.estimate import estimate_ttft_s
+from extproc.scheduling.estimate import cost_terms, estimate_ttft_s
 from extproc.scheduling.profiles import TtftProfile
 from extproc.types import (
     BlockHash,
@@ -43,10 +43,12 @@ def cand(
     hits: int = 0,
     hot: int | None = 0,
     cost: LearnedCost | None = None,
+    busy: float = 0.0,
 ) -> Candidate:
     load = LoadSnapshot(
-        known=True, queued_prefill_tokens=queued, running=running, waiting=waiting, inflight_requests=inflight
-    )
+        known=True, queued_prefill_tokens=queued, running=running, waiting=waiting, inflight_requests=inflight,
+        prefill_busy_s=busy,
+    )  # fmt: skip
     endpoint = Endpoint(eid, num_gpu_blocks=1024)
     return Candidate(endpoint, load, cached, precise=True, hot_blocks=hot, cost=cost, prefix_hits=hits)
 
@@ -83,6 +85,56 @@ def test_moves_spread_the_copy_over_the_prefix_reuse(
 ) -> None:
     decision = DEFAULT.decide(req(tokens), candidates, random.Random(0))
     assert (decision.endpoints[0], decision.reason) == (pick, reason)
+
+
+CHAINS = [
+    # a chain's first call on the shared tools, 30 ms after another call was routed to A (predicted to prefill
+    # for 30 ms yet): beside it, every call of both chains would collide; the tools were hit 4 times
+    ([cand(A, 64, hits=4, busy=0.03), cand(B, 0)], 1280, 0.0, A, Reason.CACHE, "start-beside-a-prefill-no-chains"),
+    ([cand(A, 64, hits=4, busy=0.03), cand(B, 0)], 1280, 4.0, B, Reason.MOVE, "start-beside-a-prefill-with-chains"),
+    ([cand(A, 64, hits=4), cand(B, 0)], 1280, 4.0, A, Reason.CACHE, "start-on-an-idle-holder-stays"),
+    # a question about a shared document, no chains: the prefill beside it delays it once, no reason to copy
+    ([cand(A, 64, hits=9, busy=0.06), cand(B, 0)], 1280, 0.0, A, Reason.CACHE, "one-off-beside-a-prefill-stays"),
+    # a call that continues its own context (hit by nobody before): its chain's length does not pay the copy
+    ([cand(A, 80, busy=0.06), cand(B, 0)], 1480, 4.0, A, Reason.CACHE, "continuation-beside-a-prefill-stays"),
+    # two endpoints hold the tools: a chain starts on the one not prefilling, no copy at all
+    ([cand(A, 64, hits=3, busy=0.06), cand(B, 64, hits=3)], 1280, 4.0, B, Reason.CACHE,
+     "of-two-holders-the-one-not-prefilling"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("candidates", "tokens", "chains", "pick", "reason"), [row[:5] for row in CHAINS],
+                         ids=[row[5] for row in CHAINS])  # fmt: skip
+def test_a_chain_start_weighs_the_calls_it_brings(
+    candidates: list[Candidate], tokens: int, chains: float, pick: EndpointId, reason: Reason
+) -> None:
+    request = replace(req(tokens), chain_followers=chains)
+    decision = DEFAULT.decide(request, candidates, random.Random(0))
+    assert (decision.endpoints[0], decision.reason) == (pick, reason)
+
+
+@pytest.mark.parametrize(
+    ("busy_s", "share", "expected_s"),
+    [
+        (0.0, 1.0, 0.24),  # nothing of ours prefilling there: the terms
+        (0.05, 1.0, 0.24),  # a short one: the terms already wait longer
+        (0.5, 1.0, 0.56),  # a long one: what is left of it, then this request's own prefill alone
+        (0.5, 0.5, 0.24 + 0.5 * (0.56 - 0.24)),  # counted as far as requests continue chains
+        (0.5, 0.0, 0.24),
+    ],
+    ids=["idle", "floor-below-the-terms", "floor-above-the-terms", "half-share", "no-share"],
+)
+def test_a_prefill_we_routed_is_a_floor_under_the_estimate(busy_s: float, share: float, expected_s: float) -> None:
+    # terms: 0.03 + 2.0 x (600 queued + 120 uncached) / 12,000 x (1 + 0.05 x 10) + 1.5 x 2 x 0.01 = 0.24 s;
+    # floor: busy + 0.03 + 2.0 x 120 / 12,000 x 1.5 = busy + 0.06 s
+    load = LoadSnapshot(known=True, queued_prefill_tokens=600, running=10, waiting=1, inflight_requests=1,
+                        prefill_busy_s=busy_s)  # fmt: skip
+    cost = LearnedCost(0.03, 2.0, 0.05, 1.5)
+    c = Candidate(Endpoint(A), load, 0, precise=True, cost=cost)
+    params = replace(DEFAULT.params, prefill_tokens_per_s=12000.0)
+    assert estimate_ttft_s(c, 120, 16, params, share) == pytest.approx(expected_s)
+    # the calibration learns the weights from the terms: the floor's share is not theirs
+    assert cost_terms(c, 120, 16, params, share).unlearned_s(cost) == pytest.approx(expected_s - 0.24)
 
 
 @pytest.mark.parametrize(
