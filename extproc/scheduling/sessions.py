@@ -35,7 +35,8 @@ def invested_estimates(
 ) -> dict[EndpointId, float]:
     """Per target other than ``warm`` that would copy part of its prefix: the target's estimate as if it held
     that prefix, plus twice its copy spread over the prefix's reuse (module docstring). ``est``: the plain
-    estimates, whose difference from the as-if one is the copy."""
+    estimates (with the request's ``floor_share``, as the as-if one), whose difference from the as-if one is the
+    copy."""
     reuse = 1.0 + max(warm.prefix_hits, 0)
     if warm.prefix_hits > 0:  # a shared prefix: each use starts a chain, which brings its measured calls along
         reuse *= 1 + request.chain_followers
@@ -44,7 +45,7 @@ def invested_estimates(
         if c.endpoint.id == warm.endpoint.id or c.cached_blocks >= warm.cached_blocks:
             continue
         held = replace(c, cached_blocks=warm.cached_blocks)
-        as_if = estimate_ttft_s(held, request.prompt_tokens, request.block_size, params)
+        as_if = estimate_ttft_s(held, request.prompt_tokens, request.block_size, params, floor_share(request))
         copy_s = max(est[c.endpoint.id] - as_if, 0.0)
         out[c.endpoint.id] = as_if + 2 * copy_s / reuse
     return out
