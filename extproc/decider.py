@@ -465,7 +465,7 @@ class LocalDecider:
         """Whether the pick's cached prefix ends in blocks that one earlier request stored there and nobody hit
         since (not in the hot set: neither hit nor placed as a new prefix): this request continues that request's
         own context (``scheduling.prefix_reuse``). A question about a document placed there ends in the placed
-        prefix, which is: it starts something. Read before the record counts its hit."""
+        prefix: it starts something. Read before the record counts its hit."""
         cached_blocks = decision.cached_tokens // routing.block_size
         if self._deps.hot_blocks is None or not 0 < cached_blocks <= len(routing.block_hashes):
             return False

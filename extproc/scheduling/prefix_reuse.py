@@ -20,9 +20,10 @@ The same window also says how long chains of requests run (``chain_followers``):
 prefix ends in blocks one earlier request stored on that endpoint and nobody hit or placed there since
 *continued* that request's own context (an agent's next call, a conversation's next turn); every other counted
 decision started something (a chain's first call on a shared prefix, a question about a document, a new
-prompt). Continued per started is how many
-calls a chain's start brings along, measured: ``sessions.invested_estimates`` counts them as reuse of a shared
-prefix copied for that start. No evidence reads as none (the fading prior is one started decision).
+prompt). Continued per started is how many calls a chain's start brings along, measured:
+``sessions.invested_estimates`` counts them as reuse of a shared prefix copied for that start, and
+``sessions.floor_share`` how far the estimate's busy floor counts. No evidence reads as none (the fading prior
+is one started decision).
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ class PrefixReuse:
 
     def decided(self, reason: Reason, *, continued: bool = False) -> None:
         """Count one decision by its reason (those that say nothing of the prefix are skipped); ``continued``:
-        a warm one whose cached prefix ended where no earlier request had hit (module docstring)."""
+        a warm one whose cached prefix ended in blocks one earlier request stored and nobody hit or placed since
+        (module docstring)."""
         warm = reason in _WARM
         if not warm and reason not in _COLD:
             return
