@@ -221,12 +221,23 @@ def _picker_reasons(stack: Stack, count: int) -> list[str]:
     return [f"{e.reason or '-'}/{e.cached or '-'}" for e in entries]
 
 
+_SETTLE_S = 2.0  # a few of a KV-event stream's 0.5 s poll intervals: the longest the picker's view may lag
+
+
 def _precise_endpoints(stack: Stack) -> int:
-    """The picker's ``router_precise_endpoints`` gauge: backends whose KV-event stream it trusts."""
-    with urllib.request.urlopen(stack.picker_metrics_url, timeout=5) as resp:
-        text = resp.read().decode()
-    lines = [line for line in text.splitlines() if line.startswith("router_precise_endpoints ")]
-    return int(float(lines[0].split()[-1])) if lines else 0
+    """The picker's ``router_precise_endpoints`` gauge: backends whose KV-event stream it trusts. The picker
+    reads KV events once per scrape round (``scrape.paced_kv_events``), so right after a run a backend whose
+    cache was reset may still read as cold (cleared, its new stores not read yet). Read again, for at most
+    ``_SETTLE_S``, until every backend counts; a backend it does not follow never does."""
+    deadline = time.monotonic() + _SETTLE_S
+    while True:
+        with urllib.request.urlopen(stack.picker_metrics_url, timeout=5) as resp:
+            text = resp.read().decode()
+        lines = [line for line in text.splitlines() if line.startswith("router_precise_endpoints ")]
+        count = int(float(lines[0].split()[-1])) if lines else 0
+        if count >= len(stack.backends) or time.monotonic() >= deadline:
+            return count
+        time.sleep(0.1)
 
 
 def _run(args: argparse.Namespace) -> int:
