@@ -79,7 +79,7 @@ class CostTerms:
     def unlearned_s(self, cost: LearnedCost) -> float:
         """The part of ``ttft_s(self, cost)`` no weight produced: the fixed penalties and the busy floor's share
         (the calibration learns the weights from the rest)."""
-        return self.fixed_s + self.floor_share * _floor_excess_s(self, cost)
+        return self.fixed_s + self.floor_share * _floor_excess_s(self, cost, _weighted_s(self, cost))
 
 
 def configured_cost(params: EstimatorParams) -> LearnedCost:
@@ -111,22 +111,27 @@ def cost_terms(
 
 def ttft_s(terms: CostTerms, cost: LearnedCost) -> float:
     """The TTFT ``cost`` predicts from ``terms``: the weighted terms, and the busy floor's share above them."""
-    return _weighted_s(terms, cost) + terms.floor_share * _floor_excess_s(terms, cost) + terms.fixed_s
+    weighted_s = _weighted_s(terms, cost)
+    return weighted_s + terms.floor_share * _floor_excess_s(terms, cost, weighted_s) + terms.fixed_s
+
+
+def _slowdown(terms: CostTerms, cost: LearnedCost) -> float:
+    """The prefill's slowdown by the decode batch it shares steps with."""
+    return 1.0 + cost.interference_per_running * terms.running
 
 
 def _weighted_s(terms: CostTerms, cost: LearnedCost) -> float:
-    slowdown = 1.0 + cost.interference_per_running * terms.running
-    return cost.base_s + cost.prefill_scale * terms.work_s * slowdown + cost.queue_scale * terms.queue_s
+    prefill_s = cost.prefill_scale * terms.work_s * _slowdown(terms, cost)
+    return cost.base_s + prefill_s + cost.queue_scale * terms.queue_s
 
 
-def _floor_excess_s(terms: CostTerms, cost: LearnedCost) -> float:
+def _floor_excess_s(terms: CostTerms, cost: LearnedCost, weighted_s: float) -> float:
     """What the busy floor (the prefill we routed that is predicted to run yet, then this request's own on an
-    otherwise idle engine) adds above the weighted terms; 0 when none of ours runs there."""
+    otherwise idle engine) adds above ``weighted_s``, the weighted terms; 0 when none of ours runs there."""
     if terms.busy_s <= 0:
         return 0.0
-    slowdown = 1.0 + cost.interference_per_running * terms.running
-    floor_s = terms.busy_s + cost.base_s + cost.prefill_scale * terms.own_work_s * slowdown
-    return max(floor_s - _weighted_s(terms, cost), 0.0)
+    floor_s = terms.busy_s + cost.base_s + cost.prefill_scale * terms.own_work_s * _slowdown(terms, cost)
+    return max(floor_s - weighted_s, 0.0)
 
 
 def estimate_ttft_s(
