@@ -152,7 +152,9 @@ class TtftProfileConfig(_Strict):
     decode_slowdown_per_running: float = Field(
         0.004, ge=0, description="fractional prefill slowdown per running request (batch interference)"
     )
-    request_overhead_s: float = Field(0.01, ge=0, description="fixed per-request cost in the queue")
+    request_overhead_s: float = Field(
+        0.01, ge=0, description="fixed per-request cost: the request's own turn, and each one queued ahead of it"
+    )
     kv_pressure_threshold: float = Field(
         1.0,
         ge=0,

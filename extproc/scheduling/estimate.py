@@ -83,9 +83,18 @@ class CostTerms:
 
 
 def configured_cost(params: EstimatorParams) -> LearnedCost:
-    """The configured estimate as a cost model: what an endpoint starts from before anything is learned."""
+    """The configured estimate as a cost model: what an endpoint starts from before anything is learned.
+
+    Its fixed cost is the configured per-request overhead: a request pays its own turn, as each one queued ahead
+    of it does (``queue_s``). Left at 0, the untaught estimate ran 18-35% low on the simulator, and the first
+    learning steps put that error on the decode interference (to its bound) before the fixed cost caught up, so
+    a new picker decided worse for its first ~40 s of traffic (``docs/scheduling.md``, "The untaught start"). The
+    fixed cost is the same on every candidate, so the configured estimate ranks them as before."""
     return LearnedCost(
-        base_s=0.0, prefill_scale=1.0, interference_per_running=params.decode_slowdown_per_running, queue_scale=1.0
+        base_s=params.request_overhead_s,
+        prefill_scale=1.0,
+        interference_per_running=params.decode_slowdown_per_running,
+        queue_scale=1.0,
     )
 
 

@@ -8,7 +8,7 @@ import pytest
 from extproc.app import cost_learning
 from extproc.backends.calibration import CostLearning, TtftCalibration
 from extproc.backends.vllm_metrics import PhaseTotals
-from extproc.config import SchedulingConfig
+from extproc.config import SchedulingConfig, TtftProfileConfig
 from extproc.scheduling.estimate import CostTerms, ttft_s
 from extproc.types import EndpointId, LearnedCost
 
@@ -41,7 +41,8 @@ def measuring(sink: Sink) -> TtftCalibration:
 
 def test_the_config_defaults_build_the_learning_settings() -> None:
     got = cost_learning(SchedulingConfig())
-    assert got.learn and got.prior.base_s == 0.0 and got.prior.prefill_scale == 1.0
+    # The prior's fixed cost is the configured per-request overhead: a request pays its own turn too.
+    assert got.learn and got.prior.base_s == TtftProfileConfig().request_overhead_s and got.prior.prefill_scale == 1.0
     assert got.prefill_tokens_per_s == SchedulingConfig().prefill_tokens_per_s
 
 

@@ -140,7 +140,8 @@ def test_a_prefill_we_routed_is_a_floor_under_the_estimate(busy_s: float, share:
 @pytest.mark.parametrize(
     ("cost", "expected_s"),
     [
-        (None, (0.05 + 0.01) * (1 + 0.004 * 10) + 2 * 0.01),
+        # configured: the fixed cost is the per-request overhead (0.01 s), paid once more for the request itself
+        (None, 0.01 + (0.05 + 0.01) * (1 + 0.004 * 10) + 2 * 0.01),
         (LearnedCost(0.03, 2.0, 0.05, 1.5), 0.03 + 2.0 * 0.06 * (1 + 0.05 * 10) + 1.5 * 2 * 0.01),
     ],
     ids=["configured", "learned"],
