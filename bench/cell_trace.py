@@ -9,9 +9,10 @@ suite does (cold caches, the same requests), then joins, per request:
   (arrival → first step that ran it), model TTFT (queue + prefill) and cached tokens;
 * our picker's decision line (``--picker-set`` sets INFO logging): reason, estimates, the picker's own ms.
 
-It writes ``DIR/trace-<policy>-<rate>.jsonl`` (one object per request) and prints, per tenant, TTFT p90 as the
-client saw it beside the model's queue and prefill p90, and what each backend served. "overhead" is the client
-TTFT minus the model's: Envoy, the picker and the client's and simulator's event loops (CPU contention).
+It writes ``DIR/trace-<policy>-<rate>.jsonl`` (``-cell<N>`` added for a repeated rate; one object per
+request) and prints, per tenant, TTFT p90 as the client saw it beside the model's queue and prefill p90, and
+what each backend served. "overhead" is the client TTFT minus the model's: Envoy, the picker and the client's
+and simulator's event loops (CPU contention).
 """
 
 from __future__ import annotations
@@ -98,6 +99,15 @@ def _p(xs: list[float]) -> str:
     return "-" if v is None else f"{v:.3f}"
 
 
+def trace_name(policy: str, rates: list[float], step: int) -> str:
+    """The file of cell ``step``: ``trace-<policy>-<rate>.jsonl``, with ``-cell<step>`` added when the rate comes
+    more than once (``--rates 6,6``: a fresh picker's first cell against a taught one), so no cell overwrites
+    another."""
+    rate = rates[step]
+    suffix = f"-cell{step}" if rates.count(rate) > 1 else ""
+    return f"trace-{policy}-{rate:g}{suffix}.jsonl"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.cell_trace", description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", default="noisy", choices=sorted(WORKLOADS))
@@ -117,9 +127,9 @@ def main(argv: list[str] | None = None) -> int:
             measure.warm_tokenizer(backends.addresses[0], plans)
         router = start_router(policy, backends, args.out / policy.name, {"logging": {"level": "INFO"}})
         try:
-            for rate, plan in zip(rates, plans, strict=True):
+            for step, (rate, plan) in enumerate(zip(rates, plans, strict=True)):
                 rows = _cell(plan, backends, router, args.out / policy.name)
-                (args.out / f"trace-{policy.name}-{rate:g}.jsonl").write_text(
+                (args.out / trace_name(policy.name, rates, step)).write_text(
                     "".join(json.dumps(r) + "\n" for r in rows)
                 )
                 print(f"{policy.name} at {rate:g} rps:\n{summary(rows)}", flush=True)

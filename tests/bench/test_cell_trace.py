@@ -2,7 +2,7 @@
 
 import json
 
-from bench.cell_trace import decisions, join, summary
+from bench.cell_trace import decisions, join, summary, trace_name
 from bench.suite.client import Result
 from bench.suite.workloads import Call, Plan, Session
 
@@ -32,3 +32,9 @@ def test_join_and_summary_split_client_ttft_into_queue_prefill_and_overhead() ->
     text = summary(rows)
     assert "premium: n 1  p90 ttft 0.300  queue 0.100  prefill 0.150  overhead 0.050  per backend {'a:1': 1}" in text
     assert "batch: n 0" in text
+
+
+def test_a_repeated_rate_gets_a_trace_file_per_cell() -> None:
+    assert trace_name("precise", [6.0, 12.0], 1) == "trace-precise-12.jsonl"
+    names = [trace_name("precise", [6.0, 6.0, 12.0], step) for step in range(3)]
+    assert names == ["trace-precise-6-cell0.jsonl", "trace-precise-6-cell1.jsonl", "trace-precise-12.jsonl"]
