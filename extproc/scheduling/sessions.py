@@ -40,12 +40,13 @@ def invested_estimates(
     reuse = 1.0 + max(warm.prefix_hits, 0)
     if warm.prefix_hits > 0:  # a shared prefix: each use starts a chain, which brings its measured calls along
         reuse *= 1 + request.chain_followers
+    share = floor_share(request)
     out: dict[EndpointId, float] = {}
     for c in targets:
         if c.endpoint.id == warm.endpoint.id or c.cached_blocks >= warm.cached_blocks:
             continue
         held = replace(c, cached_blocks=warm.cached_blocks)
-        as_if = estimate_ttft_s(held, request.prompt_tokens, request.block_size, params, floor_share(request))
+        as_if = estimate_ttft_s(held, request.prompt_tokens, request.block_size, params, share)
         copy_s = max(est[c.endpoint.id] - as_if, 0.0)
         out[c.endpoint.id] = as_if + 2 * copy_s / reuse
     return out
