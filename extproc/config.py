@@ -518,6 +518,13 @@ class TokenizerConfig(_Strict):
     inline_body_bytes: int = Field(
         64 * 1024, ge=0, description="bodies up to this are rendered and encoded on the event loop (fast encoder)"
     )
+    inline_render_bytes: int = Field(
+        512 * 1024,
+        ge=0,
+        description="bodies up to this are rendered on the event loop (fast encoder), and their text encoded there "
+        "too when the encoder's checkpoints leave at most inline_body_bytes characters of it to encode afresh (an "
+        "agent's context grown by a turn); the rest goes to the tokenizer workers",
+    )
     hash_cache_mib: int = Field(
         64, ge=0, description="block hashes of recent token prefixes: a repeat prefix is not hashed again; 0 = off"
     )

@@ -121,6 +121,15 @@ class TextCheckpoints:
         self._remember(_Text(text, cuts, counts, ids), key, base, reused, len(cuts) - shared)
         return ids
 
+    def fresh_chars(self, text: str) -> int:
+        """The characters of ``text`` past the deepest remembered cut it shares (all of them when none): what
+        ``encode`` would encode now. A bisection of compares, no encoding; it marks that text used."""
+        if len(text) < self._min_chars:
+            return len(text)
+        with self._lock:
+            base, at = self._deepest(text[:_KEY_CHARS], text)
+        return len(text) - base.cuts[at] if base is not None else len(text)
+
     def _seen_before(self, key: str, text: str) -> bool:
         """Whether a text with ``text``'s key and its first cut was seen (and not remembered) before; remembers
         ``text`` as the key's last sighting otherwise. Pieces and checkpoints cost a few tenths of a millisecond

@@ -61,6 +61,11 @@ class TextEncoder(Protocol):
 
     def encode(self, text: str, *, add_special_tokens: bool) -> TokenIds: ...
 
+    def fresh_chars(self, text: str) -> int:
+        """How many of ``text``'s characters encoding it now would encode afresh, as far as the encoder knows
+        without encoding (``len(text)`` when it knows nothing): where the work should run."""
+        ...
+
 
 class _HfCallable(Protocol):
     def __call__(self, text: str, **kwargs: Any) -> Any: ...
@@ -78,6 +83,9 @@ class HfEncoder:
         result = self._tokenizer(text, add_special_tokens=add_special_tokens)
         ids = result["input_ids"] if hasattr(result, "keys") else result
         return list(map(int, ids))
+
+    def fresh_chars(self, text: str) -> int:
+        return len(text)  # no cache of ours in front of it
 
 
 class FastEncoder:
@@ -126,6 +134,13 @@ class FastEncoder:
         if self._checkpoints is not None and not add_special_tokens:
             return self._checkpoints.encode(text)
         return self._encode_whole(text, add_special_tokens)
+
+    def fresh_chars(self, text: str) -> int:
+        """``text`` less what the checkpoints hold of it (the segment cache is not asked: its hits are cheap
+        but unknown until encoded)."""
+        if self._checkpoints is None:
+            return len(text)
+        return self._checkpoints.fresh_chars(text)
 
     def encode_whole(self, text: str) -> array[int]:
         """``text``'s tokens without special tokens, encoded in one call (no checkpoints)."""
@@ -305,6 +320,9 @@ class EncoderChoice:
                 lambda: self.reference.encode(text, add_special_tokens=add_special_tokens), _token_difference,
             )  # fmt: skip
         return ids
+
+    def fresh_chars(self, text: str) -> int:
+        return self.current.fresh_chars(text)
 
     def fall_back(self, reason: str) -> None:
         if self.fallback_reason is None:

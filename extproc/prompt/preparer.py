@@ -140,6 +140,7 @@ def build_preparer(
     prompt_tokenizer = PromptTokenizer(
         tokenizers, executor, timeout_s=config.limits.tokenize_timeout_s,
         max_pending=max(8, 16 * config.limits.tokenizer_workers), inline_bytes=tok.inline_body_bytes,
+        inline_render_bytes=tok.inline_render_bytes,
     )  # fmt: skip
     return RequestPreparer(
         registry_from_config(config, base_dir), prompt_tokenizer, executor,

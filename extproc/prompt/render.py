@@ -1,6 +1,7 @@
 """Render and tokenize one parsed request exactly as vLLM's HF renderer does (vLLM 0.33, SPEC §5.3).
 
-Synchronous, CPU-bound and pure given a tokenizer: ``tokenizers.py`` runs it on a worker thread. Steps:
+Synchronous, CPU-bound and pure given a tokenizer: ``tokenizers.py`` runs it on the event loop or a worker thread.
+Steps:
 
 1. messages -> vLLM's *conversation*: content parts joined with ``"\\n"`` ("string" content format) or kept as
    ``[{"type": "text", ...}]`` ("openai" format); ``reasoning_content`` read as ``reasoning``; assistant
@@ -108,17 +109,34 @@ def render_and_tokenize_sync(
 
     ``tokenizer`` renders the chat template; ``encoder`` (default: ``tokenizer`` itself, which must then be an
     HF tokenizer) encodes. Completion batches tokenize their first prompt only (the one routing uses); token-id
-    prompts are returned as they are (after truncation).
+    prompts are returned as they are (after truncation). The two halves, ``prompt_text`` and ``encode_prompt``,
+    may run on different threads.
     """
     encoder = encoder or HfEncoder(cast(ChatTokenizer, tokenizer))
+    if parsed.kind is RequestKind.COMPLETION and isinstance(parsed.prompt, tuple):
+        return truncate(list(parsed.prompt), parsed.truncate_prompt_tokens, parsed.truncation_side)
+    return encode_prompt(encoder, parsed, prompt_text(tokenizer, info, parsed))
+
+
+def prompt_text(tokenizer: ChatRenderer, info: TemplateInfo, parsed: ParsedRequest) -> str:
+    """The text ``parsed`` encodes: its rendered chat, or its (first) completion prompt. Raises
+    ``TokenizeFailed`` for anything it cannot do, token-id prompts included (they need no text)."""
     try:
         if parsed.kind is RequestKind.CHAT:
-            tokens = _chat_tokens(tokenizer, encoder, info, parsed)
-        else:
-            tokens = _completion_tokens(encoder, parsed)
+            return render_chat_text(tokenizer, info, parsed)
+        return _completion_text(parsed)
     except TokenizeFailed:
         raise
-    except Exception as exc:  # jinja2, tokenizers, or a template raising on odd input: all route by load
+    except Exception as exc:  # jinja2, or a template raising on odd input: all route by load
+        raise TokenizeFailed(f"{type(exc).__name__}: {exc}") from exc
+
+
+def encode_prompt(encoder: TextEncoder, parsed: ParsedRequest, text: str) -> TokenIds:
+    """``text`` (``prompt_text`` of ``parsed``) encoded and truncated as ``parsed`` says. Raises
+    ``TokenizeFailed`` for anything it cannot do."""
+    try:
+        tokens = encoder.encode(text, add_special_tokens=parsed.add_special_tokens)
+    except Exception as exc:  # tokenizers failing on odd input: routed by load
         raise TokenizeFailed(f"{type(exc).__name__}: {exc}") from exc
     return truncate(tokens, parsed.truncate_prompt_tokens, parsed.truncation_side)
 
@@ -132,17 +150,13 @@ def truncate(tokens: TokenIds, keep: int | None, side: str | None) -> TokenIds:
     return tokens[:keep] if side == "right" else tokens[-keep:]
 
 
-def _completion_tokens(encoder: TextEncoder, parsed: ParsedRequest) -> TokenIds:
+def _completion_text(parsed: ParsedRequest) -> str:
     prompt = parsed.prompt
     if prompt is None:
         raise TokenizeFailed("prompt_embeds requests cannot be tokenized")
     if isinstance(prompt, tuple):
-        return list(prompt)
-    return encoder.encode(prompt, add_special_tokens=parsed.add_special_tokens)
-
-
-def _chat_tokens(tokenizer: ChatRenderer, encoder: TextEncoder, info: TemplateInfo, parsed: ParsedRequest) -> TokenIds:
-    return encoder.encode(render_chat_text(tokenizer, info, parsed), add_special_tokens=parsed.add_special_tokens)
+        raise TokenizeFailed("a token-id prompt has no text")
+    return prompt
 
 
 def render_chat_text(tokenizer: ChatRenderer, info: TemplateInfo, parsed: ParsedRequest) -> str:

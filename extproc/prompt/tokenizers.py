@@ -4,10 +4,11 @@
 once with ``preload``) and picks each model's encoder (``encoders.py``): the fast one when it loads and passes
 its self-check against HF, else HF; and its chat-template renderer (``renderers.py``): the fast one when it
 renders the self-check conversations as ``apply_chat_template`` does, else ``apply_chat_template``.
-``PromptTokenizer`` runs ``render.render_and_tokenize_sync``: inline on the event loop for short prompts on a
-fast encoder (cheaper than the executor hop), otherwise on an injected, bounded executor with a timeout. Every
-failure becomes ``TokenizeFailed``: the router then routes by load and the request still goes through. Both
-encoders release the GIL while encoding, so worker threads give real parallelism for the expensive part.
+``PromptTokenizer`` runs ``render.render_and_tokenize_sync``, or its two halves: on the event loop for short
+prompts, and for long ones whose text is mostly known to the fast encoder (cheaper than the executor hop),
+otherwise on an injected, bounded executor with a timeout. Every failure becomes ``TokenizeFailed``: the router
+then routes by load and the request still goes through. Both encoders release the GIL while encoding, so worker
+threads give real parallelism for the expensive part.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ from extproc.prompt.render import (
     ChatTokenizer,
     TemplateInfo,
     TokenizeFailed,
+    encode_prompt,
+    prompt_text,
     render_and_tokenize_sync,
     truncate,
 )
@@ -219,7 +222,20 @@ class TokenizerRegistry:
 
 
 class PromptTokenizer:
-    """Renders and tokenizes on a bounded executor; at most ``max_pending`` jobs queued or running."""
+    """Renders and tokenizes on the event loop or on a bounded executor (at most ``max_pending`` jobs queued or
+    running there).
+
+    Where the work runs, for a model whose tokenizer is loaded with the fast encoder (any other: the executor):
+    - a body of at most ``inline_bytes``: all of it on the event loop;
+    - a body of at most ``inline_render_bytes``: the template is rendered on the loop, then the text is encoded
+      there too if the encoder would encode at most ``inline_bytes`` characters of it afresh
+      (``TextEncoder.fresh_chars``: an agent's context that grew by a turn), else on the executor;
+    - a larger body: all of it on the executor.
+
+    Why: rendering is Python and holds the GIL wherever it runs, so a worker thread buys the loop only a turn
+    every switch interval, while a hop costs two thread wake-ups (~0.2 ms of CPU each on a small VM) and moves
+    the request's data to another core. Encoding releases the GIL: a long fresh encode is worth a hop.
+    """
 
     def __init__(
         self,
@@ -229,10 +245,12 @@ class PromptTokenizer:
         timeout_s: float = 1.0,
         max_pending: int = 64,
         inline_bytes: int = 64 * 1024,
+        inline_render_bytes: int = 512 * 1024,
     ) -> None:
         self._registry = registry
         self._executor = executor
         self._inline_bytes = inline_bytes  # ~16K tokens: ~0.3 ms on the fast encoder, about one executor hop
+        self._inline_render_bytes = inline_render_bytes
         self._timeout_s = timeout_s
         self._max_pending = max_pending
         self._pending = 0  # touched on the event loop thread only
@@ -250,22 +268,23 @@ class PromptTokenizer:
     ) -> TokenIds:
         """Token ids of ``parsed`` for ``base_model``, exactly as vLLM computes them.
 
-        ``size_hint`` (the body's bytes) decides where the work runs: inline when the model's tokenizer is
-        loaded, its encoder is the fast one and the body is at most ``inline_bytes``; else on the executor.
-        ``timeout_s`` shortens the configured timeout for this call. Token-id completion prompts return at
-        once. Raises ``TokenizeFailed`` on any failure, on timeout, and when ``max_pending`` jobs are already
-        in flight.
+        ``size_hint`` (the body's bytes) decides where the work runs (the class docstring). ``timeout_s``
+        shortens the configured timeout for work on the executor. Token-id completion prompts return at once.
+        Raises ``TokenizeFailed`` on any failure, on timeout, and when ``max_pending`` jobs are already in
+        flight.
         """
         if parsed.kind is RequestKind.COMPLETION and isinstance(parsed.prompt, tuple):
             return truncate(list(parsed.prompt), parsed.truncate_prompt_tokens, parsed.truncation_side)
-        if size_hint <= self._inline_bytes and self._fast_and_loaded(base_model):
-            return self._tokenize(parsed, base_model)
         timeout = self._timeout_s if timeout_s is None else min(timeout_s, self._timeout_s)
-        return await self._run(lambda: self._tokenize(parsed, base_model), timeout)
-
-    def _fast_and_loaded(self, base_model: BaseModel) -> bool:
         loaded = self._registry.loaded(base_model)
-        return loaded is not None and loaded.encoder.name == ENCODER_FAST
+        if loaded is None or loaded.encoder.name != ENCODER_FAST or size_hint > self._inline_render_bytes:
+            return await self._run(lambda: self._tokenize(parsed, base_model), timeout)
+        if size_hint <= self._inline_bytes:
+            return self._tokenize(parsed, base_model)
+        text = prompt_text(loaded.renderer, loaded.info, parsed)
+        if loaded.encoder.fresh_chars(text) <= self._inline_bytes:
+            return encode_prompt(loaded.encoder, parsed, text)
+        return await self._run(lambda: encode_prompt(loaded.encoder, parsed, text), timeout)
 
     def _tokenize(self, parsed: ParsedRequest, base_model: BaseModel) -> TokenIds:
         if parsed.kind is RequestKind.COMPLETION and isinstance(parsed.prompt, tuple):

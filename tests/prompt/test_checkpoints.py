@@ -39,6 +39,23 @@ def test_a_new_question_after_a_long_document_encodes_only_past_the_last_shared_
     assert (stats.hits, stats.misses, stats.entries) == (1, 2, 1)  # the third added no cuts: not remembered
 
 
+def test_fresh_chars_says_what_encode_would_encode_afresh() -> None:
+    encoder = PerChar()
+    checkpoints = TextCheckpoints(encoder, max_bytes=1 << 20, min_chars=4096, interval_chars=2048)
+    doc = document(400)
+    assert checkpoints.fresh_chars("short") == 5
+    assert checkpoints.fresh_chars(doc + "Question 0?") == len(doc) + 11  # nothing remembered yet
+    for question in ("Question 0: what moved?", "Question 1: where?"):
+        checkpoints.encode(doc + question)
+    text = doc + "Question 2: and why?"
+    fresh = checkpoints.fresh_chars(text)
+    assert 0 < fresh < 2048 + 64 and encoder.encoded == 2 * len(doc) + 41  # it encoded nothing itself
+    encoder.encoded = 0
+    checkpoints.encode(text)
+    assert encoder.encoded == fresh  # exactly what it said
+    assert checkpoints.fresh_chars(document(400, salt="other")) == len(document(400, salt="other"))
+
+
 def test_a_unique_text_is_encoded_whole_in_one_call() -> None:
     calls: list[int] = []
 

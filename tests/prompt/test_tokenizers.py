@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
+from extproc.prompt.encoders import ENCODER_FAST
 from extproc.prompt.models import BaseModel
 from extproc.prompt.openai import ParsedRequest, RequestKind, parse_request
 from extproc.prompt.render import ChatTokenizer
-from extproc.prompt.tokenizers import PromptTokenizer, TokenizeFailed, TokenizerRegistry
+from extproc.prompt.tokenizers import EncoderSettings, PromptTokenizer, TokenizeFailed, TokenizerRegistry
 
 MODEL = BaseModel("fake/model")
 
@@ -28,8 +29,10 @@ class FakeTokenizer:
     def __init__(self, delay_s: float = 0.0, fail: bool = False) -> None:
         self.delay_s, self.fail = delay_s, fail
         self.threads: set[str] = set()
+        self.render_threads: list[str] = []
 
     def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any:
+        self.render_threads.append(threading.current_thread().name)
         text = " ".join(m["content"] for m in conversation)
         return self(text)["input_ids"] if kwargs.get("tokenize") else text
 
@@ -83,6 +86,51 @@ async def test_work_runs_on_the_executor_not_the_loop(pool: ThreadPoolExecutor) 
     task.cancel()
     assert ticks >= 10  # the loop kept running while the tokenizer slept
     assert tok.threads and all(name.startswith("tok-test") for name in tok.threads)
+
+
+class FakeFast:
+    """A "fast" encoder equal to ``FakeTokenizer``: records the thread of each encode; ``fresh`` is what it
+    claims it would encode afresh."""
+
+    name = ENCODER_FAST
+
+    def __init__(self, reference: FakeTokenizer) -> None:
+        self.reference, self.fresh, self.threads = reference, 0, []
+
+    def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        self.threads.append(threading.current_thread().name)
+        return list(self.reference(text)["input_ids"])
+
+    def fresh_chars(self, text: str) -> int:
+        return self.fresh
+
+
+@pytest.mark.parametrize(
+    ("size_hint", "fresh", "render_on_loop", "encode_on_loop"),
+    [
+        (50, 10**6, True, True),  # a short body: all of it on the loop, whatever is fresh
+        (500, 50, True, True),  # a long body whose text is mostly known: both on the loop
+        (500, 500, True, False),  # ... whose text is mostly new: rendered on the loop, encoded on a worker
+        (5000, 0, False, False),  # past inline_render_bytes: all of it on a worker
+    ],
+)
+async def test_where_a_fast_encoders_work_runs(
+    pool: ThreadPoolExecutor, size_hint: int, fresh: int, render_on_loop: bool, encode_on_loop: bool
+) -> None:
+    tok, fast = FakeTokenizer(), []
+
+    def make_fast(tokenizer: Any, cache_bytes: int, head: Any) -> FakeFast:
+        fast.append(FakeFast(tokenizer))
+        return fast[-1]
+
+    registry = TokenizerRegistry(Path("/x"), loader=fixed(tok), encoders=EncoderSettings(make_fast=make_fast))
+    pt = PromptTokenizer(registry, pool, inline_bytes=100, inline_render_bytes=1000)
+    pt.preload([MODEL])  # the corpus self-check encodes too: count from here
+    fast[0].fresh, fast[0].threads, tok.render_threads = fresh, [], []
+    assert await pt.render_and_tokenize(chat(), MODEL, size_hint) == [1, 2, 3]
+    main = threading.current_thread().name
+    assert tok.render_threads[-1:] == [main] if render_on_loop else tok.render_threads[-1].startswith("tok-test")
+    assert fast[0].threads == [main] if encode_on_loop else fast[0].threads[0].startswith("tok-test")
 
 
 async def test_token_id_prompts_bypass_the_tokenizer(pool: ThreadPoolExecutor) -> None:
