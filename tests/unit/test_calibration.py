@@ -6,7 +6,7 @@ import random
 import pytest
 
 from extproc.app import cost_learning
-from extproc.backends.calibration import CostLearning, TtftCalibration
+from extproc.backends.calibration import ABANDONED_S, CostLearning, TtftCalibration
 from extproc.backends.vllm_metrics import PhaseTotals
 from extproc.config import SchedulingConfig, TtftProfileConfig
 from extproc.scheduling.estimate import CostTerms, ttft_s
@@ -59,6 +59,42 @@ def test_an_interval_compares_mean_predicted_with_the_engines_mean() -> None:
     assert (endpoint, predicted, actual) == (A, pytest.approx(0.3), pytest.approx(0.3))
     assert ratio == pytest.approx(1.0)
     assert cal.cost(A) is None  # measure-only: nothing learned
+
+
+def test_first_tokens_pair_with_the_oldest_open_predictions() -> None:
+    """A cold prefill routed before a warm request finishes two scrapes later, after the warm one was routed:
+    each first token is compared with its own prediction, not with the mean of what was routed meanwhile."""
+    sink = Sink()
+    cal = measuring(sink)
+    cal.observe(A, PhaseTotals(0.0, 0))
+    cal.predicted(A, 0.3)  # cold
+    cal.observe(A, PhaseTotals(0.0, 0))  # still prefilling
+    cal.predicted(A, 0.05)  # warm, queued behind it
+    cal.observe(A, PhaseTotals(0.3, 1))  # the cold one's first token
+    cal.observe(A, PhaseTotals(0.3 + 0.06, 2))  # the warm one's
+    assert [(p, a) for _, p, a, _ in sink.seen] == [(0.3, pytest.approx(0.3)), (0.05, pytest.approx(0.06))]
+
+
+def test_an_engine_counting_more_than_was_routed_pairs_what_is_open() -> None:
+    sink = Sink()
+    cal = measuring(sink)
+    cal.observe(A, PhaseTotals(0.0, 0))
+    cal.predicted(A, 0.2)
+    cal.observe(A, PhaseTotals(0.8, 4))  # three more first tokens than we routed: another router's
+    cal.observe(A, PhaseTotals(1.0, 5))  # nothing open: no interval
+    assert [(p, a) for _, p, a, _ in sink.seen] == [(0.2, pytest.approx(0.2))]
+
+
+def test_a_prediction_never_counted_is_dropped_after_a_while() -> None:
+    now = [0.0]
+    sink = Sink()
+    cal = TtftCalibration(sink, learning(enabled=False), clock=lambda: now[0])
+    cal.observe(A, PhaseTotals(0.0, 0))
+    cal.predicted(A, 5.0)  # aborted: the engine never counts its first token
+    now[0] = ABANDONED_S + 1
+    cal.predicted(A, 0.1)
+    cal.observe(A, PhaseTotals(0.1, 1))
+    assert [(p, a) for _, p, a, _ in sink.seen] == [(0.1, pytest.approx(0.1))]  # not paired with the aborted one
 
 
 def test_the_ratio_follows_an_estimate_that_is_too_low() -> None:
