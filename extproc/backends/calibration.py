@@ -109,8 +109,8 @@ class _Interval:
 
 
 class TtftCalibration:
-    """Per endpoint: predictions since the last scrape, the engine's totals then, the running ratio and the
-    learned weights."""
+    """Per endpoint: the predictions no first token was paired with yet, the engine's totals at the last
+    interval's end, the running ratio and the learned weights."""
 
     def __init__(self, sink: ErrorSink, learning: CostLearning, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._sink = sink
