@@ -1,6 +1,7 @@
 """The floor under the picker's added latency: what Envoy's ext_proc round trips cost before any decision.
 
     python -m bench.extproc_floor            # 400 requests per side, one at a time, ~1K-token chat prompts
+    python -m bench.extproc_floor --quick --prompt-tokens 100000    # the exchange of an agent-sized body
     python -m bench.extproc_floor --quick    # 100 per side
 
 One stack on canned backends (``bench/canned_backends.py``: an Envoy answers, nothing tokenizes) and five
@@ -241,8 +242,8 @@ class Connection:
         return response.status, response.getheader(UPSTREAM_HOST_HEADER, "")
 
 
-def run(sides: list[Side], per_side: int, fixed: str) -> None:
-    document = filler(DOC_ITEMS)
+def run(sides: list[Side], per_side: int, fixed: str, doc_items: int = DOC_ITEMS) -> None:
+    document = filler(doc_items)
     conns = {s.name: Connection(s.url) for s in sides}
     for side in sides:  # warm up: connections, the picker's caches
         for q in range(WARM_UP):
@@ -279,9 +280,9 @@ def _body(document: str, question: int) -> bytes:
     return json.dumps({"model": MODEL, "messages": messages(document, question), "max_tokens": 1}).encode()
 
 
-def print_table(sides: list[Side]) -> None:
+def print_table(sides: list[Side], prompt_tokens: int = DOC_ITEMS * 16) -> None:
     base = pct(next(s for s in sides if s.name == "round_robin").latencies_s, 0.5)
-    print("\nOne request at a time, ~1K-token chat prompts, canned backends (ms)")
+    print(f"\nOne request at a time, ~{prompt_tokens}-token chat prompts, canned backends (ms)")
     print(f"{'side':>12} | {'n':>5} | {'p50':>6} {'p90':>6} | {'added p50':>9} | {'CPU ms/req net':>14} | "
           "picked | to the fixed pick | errors")  # fmt: skip
     for s in sides:
@@ -319,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.extproc_floor", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="100 requests per side instead of 400")
     p.add_argument("--requests", type=int, default=None, help="requests per side")
+    p.add_argument("--prompt-tokens", type=int, default=DOC_ITEMS * 16,
+                   help="the document's tokens (default ~1K; 100000: an agent-sized body's exchange)")  # fmt: skip
     p.add_argument("--serve", choices=PROCESSORS, help=argparse.SUPPRESS)  # internal: run one processor
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     p.add_argument("--endpoint", help=argparse.SUPPRESS)  # picker-authz: the picker config's path
@@ -342,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
             sides.append(Side(grpcio, envoys[grpcio].url(), [processors[grpcio].pid or 0], envoy=envoys[grpcio]))
             sides += [Side(k, envoys[k].url(), [processors[k].pid or 0], envoy=envoys[k])
                       for k in ("authz", "picker-authz")]  # fmt: skip
-            run(sides, per_side, stack.backends[0])
+            run(sides, per_side, stack.backends[0], max(args.prompt_tokens // 16, 1))
             count_routed(sides, per_side)
         finally:
             for kind in ("authz", "picker-authz"):
@@ -350,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
                     envoys[kind].stop()  # the others are the stack's
             for proc in processors.values():
                 proc.stop()
-    print_table(sides)
+    print_table(sides, args.prompt_tokens)
     idle = ", ".join(f"{s.name} {s.idle_cpu_per_s * 1000:.1f}" for s in sides if s.pids)
     print(f"\nidle CPU subtracted (ms/s): {idle}; total {time.monotonic() - started:.0f} s")
     return 0

@@ -551,6 +551,15 @@ class LimitsConfig(_Strict):
         "index.lookup_deadline_s, so a Redis lookup waiting on a busy worker thread can miss it; 0.0005 cut those "
         "misses 4x but cost ~30% more picker CPU on a 2-core box (docs/scheduling.md): lower it with cores to spare",
     )
+    malloc_keep_mib: int = Field(
+        64,
+        ge=0,
+        le=1024,
+        description="freed C heap a picker process keeps for reuse (glibc's M_TRIM_THRESHOLD; allocations up to "
+        "half of it, at most 32 MiB, come from the heap: M_MMAP_THRESHOLD), so a long body's buffers are not mapped "
+        "and page-faulted in anew by the next request (extproc/process.py); the process's memory then stays near "
+        "its peak. 0 leaves glibc's own dynamic thresholds; not glibc: ignored",
+    )
 
 
 class WorkersConfig(_Strict):
