@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -232,9 +233,34 @@ class Stack:
 
     # -- operations -------------------------------------------------------------------------------------
     def reset_prefix_caches(self, timeout_s: float = 5.0) -> None:
-        """``reset_prefix_cache`` on every backend: all start cold again (running requests stay)."""
+        """``reset_prefix_cache`` on every backend: all start cold again (running requests stay). With KV events,
+        each backend then takes one engine step (``flush_events``: like vLLM, the simulator publishes the reset's
+        ``AllBlocksCleared`` with its next step) and this waits, at most ``timeout_s``, until every picker has
+        applied one clear per backend. Without that the clear was published with the next request's step and
+        read a scrape round later, where it wiped the picker's marks of the requests routed meanwhile: the demo's
+        second question about a document then went by load (a CI failure, stop 31)."""
+        before = self.picker_clears() if self.spec.kv_events else []
         for backend in self.backends:
             reset_prefix_cache(backend, timeout_s)
+        if not before:
+            return
+        for backend in self.backends:
+            flush_events(backend, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if all(now >= was + len(self.backends) for now, was in zip(self.picker_clears(), before, strict=True)):
+                return
+            time.sleep(0.05)
+
+    def picker_clears(self) -> list[float]:
+        """Per picker, the ``AllBlocksCleared`` its ingest applied so far (``router_kv_ingest_clears``)."""
+        counts = []
+        for url in self.picker_metrics_urls:
+            with urllib.request.urlopen(url, timeout=5.0) as resp:
+                text = resp.read().decode()
+            counts.append(sum(float(line.split()[-1]) for line in text.splitlines()
+                              if line.startswith("router_kv_ingest_clears")))  # fmt: skip
+        return counts
 
     def restart_backend(self, address: str) -> None:
         """Stop backend ``address`` and start it again on the same port and KV-event endpoints (an engine

@@ -64,7 +64,9 @@ def test_stack_with_every_envoy_kind_and_kv_events(tmp_path: Path) -> None:
         with urllib.request.urlopen(stack.picker_metrics_url, timeout=5) as resp:
             assert b"router_pick_phase_seconds" in resp.read()
         assert _precise_endpoints(stack.picker_metrics_url) == 3  # every backend's KV events reach the picker
-        stack.reset_prefix_caches()
+        clears = stack.picker_clears()
+        stack.reset_prefix_caches()  # returns once the picker applied every backend's AllBlocksCleared
+        assert stack.picker_clears()[0] >= clears[0] + 3
         pids = stack.processes()
         assert len(pids) == 2 + 1 + 3
     assert not stack.running
