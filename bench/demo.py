@@ -25,14 +25,13 @@ import shutil
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 
 from bench.chat_client import ChatResult, stream_chat
-from bench.stack import Stack, StackSpec
+from bench.stack import Stack, StackSpec, picker_metric
 
 SYSTEM_PROMPT = "You are a careful analyst. Answer from the document only."
 QUESTIONS = {
@@ -231,10 +230,7 @@ def _precise_endpoints(stack: Stack) -> int:
     ``_SETTLE_S``, until every backend counts; a backend it does not follow never does."""
     deadline = time.monotonic() + _SETTLE_S
     while True:
-        with urllib.request.urlopen(stack.picker_metrics_url, timeout=5) as resp:
-            text = resp.read().decode()
-        lines = [line for line in text.splitlines() if line.startswith("router_precise_endpoints ")]
-        count = int(float(lines[0].split()[-1])) if lines else 0
+        count = int(picker_metric(stack.picker_metrics_url, "router_precise_endpoints"))
         if count >= len(stack.backends) or time.monotonic() >= deadline:
             return count
         time.sleep(0.1)

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from bench.envoy_proc import EnvoyProcess, start_on_free_ports
-from bench.picker_latency import filler, messages, pct
+from bench.picker_latency import FILLER_ITEM_TOKENS, filler, messages, pct
 from bench.procs import ManagedProcess, free_ports
 from bench.stack import Stack, StackSpec
 from bench.stack_config import MODEL, UPSTREAM_HOST_HEADER, envoy_bootstrap
@@ -280,7 +280,7 @@ def _body(document: str, question: int) -> bytes:
     return json.dumps({"model": MODEL, "messages": messages(document, question), "max_tokens": 1}).encode()
 
 
-def print_table(sides: list[Side], prompt_tokens: int = DOC_ITEMS * 16) -> None:
+def print_table(sides: list[Side], prompt_tokens: int = DOC_ITEMS * FILLER_ITEM_TOKENS) -> None:
     base = pct(next(s for s in sides if s.name == "round_robin").latencies_s, 0.5)
     print(f"\nOne request at a time, ~{prompt_tokens}-token chat prompts, canned backends (ms)")
     print(f"{'side':>12} | {'n':>5} | {'p50':>6} {'p90':>6} | {'added p50':>9} | {'CPU ms/req net':>14} | "
@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.extproc_floor", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="100 requests per side instead of 400")
     p.add_argument("--requests", type=int, default=None, help="requests per side")
-    p.add_argument("--prompt-tokens", type=int, default=DOC_ITEMS * 16,
+    p.add_argument("--prompt-tokens", type=int, default=DOC_ITEMS * FILLER_ITEM_TOKENS,
                    help="the document's tokens (default ~1K; 100000: an agent-sized body's exchange)")  # fmt: skip
     p.add_argument("--serve", choices=PROCESSORS, help=argparse.SUPPRESS)  # internal: run one processor
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
             sides.append(Side(grpcio, envoys[grpcio].url(), [processors[grpcio].pid or 0], envoy=envoys[grpcio]))
             sides += [Side(k, envoys[k].url(), [processors[k].pid or 0], envoy=envoys[k])
                       for k in ("authz", "picker-authz")]  # fmt: skip
-            run(sides, per_side, stack.backends[0], max(args.prompt_tokens // 16, 1))
+            run(sides, per_side, stack.backends[0], max(args.prompt_tokens // FILLER_ITEM_TOKENS, 1))
             count_routed(sides, per_side)
         finally:
             for kind in ("authz", "picker-authz"):

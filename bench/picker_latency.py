@@ -94,6 +94,9 @@ class Cell:
 
 
 # -- the workload -----------------------------------------------------------------------------------------
+FILLER_ITEM_TOKENS = 16  # ~Qwen3 tokens per ``filler`` item
+
+
 def filler(items: int) -> str:
     rng = random.Random("picker-latency")
     words = ("revenue", "costs", "margin", "headcount", "cash flow", "backlog", "pricing", "demand")

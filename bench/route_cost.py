@@ -29,7 +29,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from bench.picker_latency import agent_messages, filler, messages, pct
+from bench.picker_latency import FILLER_ITEM_TOKENS, agent_messages, filler, messages, pct
 from bench.stack_config import MODEL, picker_config
 from extproc.app import App
 from extproc.config import RouterConfig
@@ -37,7 +37,6 @@ from extproc.types import HttpRequest, Route
 
 ENDPOINTS = ("127.0.0.1:9", "127.0.0.1:10", "127.0.0.1:11", "127.0.0.1:12")  # never answer: no scrape data
 PHASES = ("parse", "tokenize", "hash", "lookup", "score")
-_ITEM_TOKENS = 16  # ~tokens per filler item (``picker_latency.filler``)
 _STEP_TOKENS = 700  # ~tokens per agent step (``picker_latency.agent_messages``)
 
 
@@ -60,7 +59,7 @@ def shapes(requests: int, warm: int, agent_tokens: int) -> list[Shape]:
     ``warm`` unmeasured ones."""
     out = []
     for tokens, label in ((1024, "1K new question"), (32 * 1024, "32K new question")):
-        doc = filler(max(tokens // _ITEM_TOKENS, 4))
+        doc = filler(max(tokens // FILLER_ITEM_TOKENS, 4))
         out.append(Shape(label, [body(messages(doc, q)) for q in range(requests + warm)]))
     if agent_tokens:
         last = max(agent_tokens // _STEP_TOKENS, 2)

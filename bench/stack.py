@@ -254,13 +254,7 @@ class Stack:
 
     def picker_clears(self) -> list[float]:
         """Per picker, the ``AllBlocksCleared`` its ingest applied so far (``router_kv_ingest_clears``)."""
-        counts = []
-        for url in self.picker_metrics_urls:
-            with urllib.request.urlopen(url, timeout=5.0) as resp:
-                text = resp.read().decode()
-            counts.append(sum(float(line.split()[-1]) for line in text.splitlines()
-                              if line.startswith("router_kv_ingest_clears")))  # fmt: skip
-        return counts
+        return [picker_metric(url, "router_kv_ingest_clears") for url in self.picker_metrics_urls]
 
     def restart_backend(self, address: str) -> None:
         """Stop backend ``address`` and start it again on the same port and KV-event endpoints (an engine
@@ -441,6 +435,15 @@ def reset_prefix_cache(backend: str, timeout_s: float = 5.0, flush: bool = True)
         resp.read()
     if flush:
         flush_events(backend)
+
+
+def picker_metric(url: str, name: str) -> float:
+    """The sum of the samples of metric ``name`` (or ``name_total``), whatever their labels, on the metrics page
+    at ``url``; 0 when it has none."""
+    with urllib.request.urlopen(url, timeout=5.0) as resp:
+        text = resp.read().decode()
+    heads = (f"{name} ", f"{name}{{", f"{name}_total ", f"{name}_total{{")
+    return sum(float(line.rpartition(" ")[2]) for line in text.splitlines() if line.startswith(heads))
 
 
 def flush_events(backend: str, timeout_s: float = 60.0) -> None:

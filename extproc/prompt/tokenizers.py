@@ -287,8 +287,6 @@ class PromptTokenizer:
         return await self._run(lambda: encode_prompt(loaded.encoder, parsed, text), timeout)
 
     def _tokenize(self, parsed: ParsedRequest, base_model: BaseModel) -> TokenIds:
-        if parsed.kind is RequestKind.COMPLETION and isinstance(parsed.prompt, tuple):
-            return truncate(list(parsed.prompt), parsed.truncate_prompt_tokens, parsed.truncation_side)
         loaded = self._registry.get(base_model)
         return render_and_tokenize_sync(loaded.renderer, loaded.info, parsed, loaded.encoder)
 
