@@ -86,16 +86,23 @@ class Ask:
     body_head: bytes = b""
 
     def routing(
-        self, tenant: Tenant, token_ids: TokenIds | None = None, *, followers: float = 1.0, chains: float = 0.0
+        self,
+        tenant: Tenant,
+        token_ids: TokenIds | None = None,
+        *,
+        followers: float = 1.0,
+        chains: float = 0.0,
+        measured: float = 1.0,
     ) -> RoutingRequest:
-        """The request as the decision (and the diagnostics, with ``token_ids``) read it; ``followers`` and
-        ``chains``: the decider's measures of how often new prefixes were followed and how long chains ran lately
-        (``RoutingRequest.prefix_followers``, ``chain_followers``)."""
+        """The request as the decision (and the diagnostics, with ``token_ids``) read it; ``followers``,
+        ``chains`` and ``measured``: the decider's measures of how often new prefixes were followed and how long
+        chains ran lately, and how full their window is (``RoutingRequest.prefix_followers``,
+        ``chain_followers``, ``chains_measured``)."""
         return RoutingRequest(
             request_id=self.request_id, model=self.model, base_model=self.base_model, lora=self.lora,
             prompt_tokens=self.prompt_tokens, block_hashes=self.block_hashes, block_size=self.scheme.block_size,
             tenant=tenant, subset=self.subset, token_ids=token_ids, prefix_followers=followers,
-            chain_followers=chains,
+            chain_followers=chains, chains_measured=measured,
         )  # fmt: skip
 
 
@@ -201,7 +208,10 @@ class LocalDecider:
         timer = PhaseTimer(self._clock)
         reuse = self._reuse
         routing = ask.routing(
-            self._deps.tenant_for(ask.tenant_id), followers=reuse.followers(), chains=reuse.chain_followers()
+            self._deps.tenant_for(ask.tenant_id),
+            followers=reuse.followers(),
+            chains=reuse.chain_followers(),
+            measured=reuse.measured(),
         )
         try:
             decision, split = await self._decide(routing, timer)
@@ -384,15 +394,16 @@ class LocalDecider:
         load = snapshot(record, self._deps.inflight, shared_queued, self._clock(), self._settings.stale_after_s)
         occupancy = self._deps.occupancy
         shares = occupancy.view(eid) if occupancy is not None else None
-        hot, hits = None, 0
+        hot, hits, gap_s = None, 0, None
         if self._deps.hot_blocks is not None:
             hot = self._deps.hot_blocks.hot(eid)
             if 0 < cached_blocks <= len(hashes):
                 hits = self._deps.hot_blocks.hits(eid, hashes[cached_blocks - 1])
+                gap_s = self._deps.hot_blocks.hit_gap_s(eid, hashes[cached_blocks - 1])
         cost = self._deps.calibration.cost(eid) if self._deps.calibration is not None else None
         return Candidate(
             record.endpoint, load, cached_blocks, precise=precise, shares=shares, hot_blocks=hot, cost=cost,
-            prefix_hits=hits,
+            prefix_hits=hits, prefix_hit_gap_s=gap_s,
         )  # fmt: skip
 
     def _observe_ttft(self, records: Iterable[EndpointRecord]) -> None:

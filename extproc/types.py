@@ -137,6 +137,9 @@ class RoutingRequest:
     # requests that continued one earlier request's own context per request that did not, lately
     # (``scheduling.prefix_reuse``): the calls a chain's start brings along; 0.0 when not measured
     chain_followers: float = 0.0
+    # how far the decisions behind ``chain_followers`` fill their window (0: none yet, 1: full): how much that
+    # measure is evidence (``sessions.lasting_hits``); 1.0 when not measured
+    chains_measured: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +170,9 @@ class Candidate:
     # requests that hit this request's deepest cached block here lately (``backends.hot_blocks``): how often the
     # prefix a move would copy is reused; 0 when nothing is cached here or it is not tracked
     prefix_hits: int = 0
+    # mean seconds between those hits (``HotBlocks.hit_gap_s``): how many of them a momentary queue here meets;
+    # None: not measured, every hit counts as meeting it
+    prefix_hit_gap_s: float | None = None
 
 
 class Reason(enum.StrEnum):

@@ -7,7 +7,8 @@ been stored on the endpoint since its last hit: vLLM evicts least recently used 
 long an unreused block survives. No window to tune: the endpoint's own capacity and store rate set it.
 
 Fed by the decider once per decision (``routed``), read per candidate (``hot``, ``hits``: how often the
-request's deepest cached block was hit there, the reuse a copy of that prefix is spread over). Kept to what the
+request's deepest cached block was hit there, the reuse a copy of that prefix is spread over; ``hit_gap_s``: how
+far apart those hits came, so how many of them a momentary queue would have met). Kept to what the
 engine still holds by its KV events (a ``CacheObserver`` of ``kvcache.gate.ObservedWrites``): an evicted block
 is not hot, and a cleared cache (``AllBlocksCleared``, a purge) or an endpoint that left has no hot blocks.
 Without that, the hot sets of a cache that was reset outlived it, read as full on every endpoint, and cold
@@ -34,6 +35,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -51,6 +54,8 @@ class _Run:
     count: int
     call: int
     stamp: int
+    since_s: float  # when its blocks became hot (a hit or a placement), on the clock
+    base: int  # its count then: the hits after it are ``count - base``, over the time since ``since_s``
     children: list[_Run] = field(default_factory=list)
     alive: bool = True
 
@@ -72,8 +77,11 @@ class HotBlocks:
     """Blocks hit on each endpoint that its LRU has not cycled past yet (``capacity`` gives the endpoint's
     KV blocks; ``None``: unknown, nothing is tracked and ``hot`` is ``None``)."""
 
-    def __init__(self, capacity: Callable[[EndpointId], int | None]) -> None:
+    def __init__(
+        self, capacity: Callable[[EndpointId], int | None], clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._capacity = capacity
+        self._clock = clock
         self._eps: dict[EndpointId, _Endpoint] = {}
         self._ids = itertools.count()  # heap tie-breaker: runs do not compare
 
@@ -109,6 +117,15 @@ class HotBlocks:
         ep = self._eps.get(endpoint)
         run = ep.runs.get(block) if ep is not None else None
         return run.count if run is not None else 0
+
+    def hit_gap_s(self, endpoint: EndpointId, block: BlockHash) -> float:
+        """Mean seconds between the hits of ``block`` on ``endpoint`` since it became hot: the time since then
+        over the hits after it (``math.inf``: none after it, or not hot). How soon the prefix is used again."""
+        ep = self._eps.get(endpoint)
+        run = ep.runs.get(block) if ep is not None else None
+        if run is None or run.count <= run.base:
+            return math.inf
+        return max(self._clock() - run.since_s, 0.0) / (run.count - run.base)
 
     def tracked(self, endpoint: EndpointId, block: BlockHash) -> bool:
         """Whether ``block`` is in ``endpoint``'s hot set: hit there, or placed there as a new prefix, and not
@@ -162,7 +179,7 @@ class HotBlocks:
     ) -> _Run:
         """A new run of ``hashes[lo:hi]`` under ``parent``, hit by the current call."""
         blocks = list(hashes[lo:hi])
-        run = _Run(blocks, lo, parent, count, ep.calls, ep.stored)
+        run = _Run(blocks, lo, parent, count, ep.calls, ep.stored, self._clock(), count)
         if parent is not None:
             parent.children.append(run)
         runs, depth = ep.runs, ep.depth
@@ -177,7 +194,9 @@ class HotBlocks:
         cut = ep.depth[block] - run.start + 1
         if cut == len(run.blocks):
             return
-        tail = _Run(run.blocks[cut:], run.start + cut, run, run.count, run.call, run.stamp, run.children)
+        tail = _Run(
+            run.blocks[cut:], run.start + cut, run, run.count, run.call, run.stamp, run.since_s, run.base, run.children
+        )
         del run.blocks[cut:]
         for child in tail.children:
             child.parent = tail

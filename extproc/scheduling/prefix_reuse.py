@@ -83,6 +83,11 @@ class PrefixReuse:
             return math.inf
         return (self._warm + prior) / (cold + prior)
 
+    def measured(self) -> float:
+        """How full the window is (0: no decision yet, 1: ``window`` of them): how far the measures are
+        evidence rather than their priors."""
+        return len(self._recent) / self._window
+
     def chain_followers(self) -> float:
         """Continued decisions per started one lately, one started counted in advance while the window fills
         (and at least one counted: a window that only continued reads as one chain)."""

@@ -9,7 +9,9 @@ Here a target that lacks part of the warm endpoint's prefix is priced as if it h
 over the reuse of what is copied. The reuse is measured, not guessed: one plus the requests that hit the warm
 endpoint's deepest matched block lately (``Candidate.prefix_hits``). A shared prefix (tool definitions, a system
 prompt many sessions extend) has many hits, so its copy is cheap per use; a session's own context has had none
-beyond its own calls, so moving it costs this request the whole copy.
+beyond its own calls, so moving it costs this request the whole copy. Only the uses that would meet the queue
+count (``lasting_hits``): a burst of one-off requests drains before a prefix used every two seconds is used
+again (measured: tenants at 8 req/s, ``bench/results/tenants8-moves``), while chains keep their load.
 
 Hysteresis: the copy is counted twice, once for going and once for the way back, so a move must save more than
 a round trip would cost. Moving back for a session means copying its context again (hits: its own), which a
@@ -32,12 +34,13 @@ def invested_estimates(
     targets: Iterable[Candidate],
     est: Mapping[EndpointId, float],
     params: EstimatorParams,
+    lasting_s: float,
 ) -> dict[EndpointId, float]:
     """Per target other than ``warm`` that would copy part of its prefix: the target's estimate as if it held
     that prefix, plus twice its copy spread over the prefix's reuse (module docstring). ``est``: the plain
     estimates (with the request's ``floor_share``, as the as-if one), whose difference from the as-if one is the
-    copy."""
-    reuse = 1.0 + max(warm.prefix_hits, 0)
+    copy; ``lasting_s``: the warm endpoint's estimate against load that lasts, the queue a move avoids."""
+    reuse = 1.0 + lasting_hits(request, warm, lasting_s)
     if warm.prefix_hits > 0:  # a shared prefix: each use starts a chain, which brings its measured calls along
         reuse *= 1 + request.chain_followers
     share = floor_share(request)
@@ -50,6 +53,28 @@ def invested_estimates(
         copy_s = max(est[c.endpoint.id] - as_if, 0.0)
         out[c.endpoint.id] = as_if + 2 * copy_s / reuse
     return out
+
+
+def lasting_hits(request: RoutingRequest, warm: Candidate, lasting_s: float) -> float:
+    """The prefix's recent hits that would have met the warm endpoint's queue too: what a copy is spread over.
+
+    Load made of chains lasts: each call brings the chain's next one, so the queue a chain start avoids is met by
+    every later use of the prefix, and all its hits count. Load made of one-off requests is a burst that drains
+    within about ``lasting_s`` (the queue ahead of this request is served before its first token): only the uses
+    arriving meanwhile (``lasting_s`` over the prefix's mean gap between hits) would meet it; one that comes
+    after the burst finds the warm endpoint idle and gains nothing from a copy elsewhere. Between the two, as far
+    as requests continue chains lately (``floor_share``). Until the decisions say so, load reads as lasting (as
+    every hit counted before): the one-off share grows as their window fills (``chains_measured``), because a
+    chain's first calls come before any chain was measured (agents, counted as one-off from the first
+    decision: TTFT p90 medians +18-19% over four runs, ``bench/results/burst-moves``). Unmeasured gaps count
+    every hit."""
+    hits = float(max(warm.prefix_hits, 0))
+    gap_s = warm.prefix_hit_gap_s
+    if gap_s is None or hits == 0:
+        return hits
+    chained = 1 - (1 - floor_share(request)) * min(max(request.chains_measured, 0.0), 1.0)
+    met = min(hits, lasting_s / gap_s) if gap_s > 0 else hits
+    return chained * hits + (1 - chained) * met
 
 
 def floor_share(request: RoutingRequest) -> float:

@@ -2,6 +2,7 @@
 
 import asyncio
 import itertools
+import math
 import random
 from collections import OrderedDict
 
@@ -119,20 +120,29 @@ class PerBlock:
         self.capacity, self.stored = capacity, 0
         self.last_hit: OrderedDict[BlockHash, int] = OrderedDict()  # oldest first
         self.counts: dict[BlockHash, int] = {}
+        self.entered: dict[BlockHash, tuple[float, int]] = {}  # (when it became hot, its count then)
 
-    def routed(self, hashes: list[BlockHash], cached: int, placed: bool) -> None:
+    def routed(self, hashes: list[BlockHash], cached: int, placed: bool, now: float = 0.0) -> None:
         self.stored += max(len(hashes) - cached, 0)
         path = hashes if placed else hashes[:cached]
         for i in reversed(range(len(path))):
             self.last_hit[path[i]] = self.stored
             self.last_hit.move_to_end(path[i])
             self.counts[path[i]] = self.counts.get(path[i], 0) + (i < cached)
+            self.entered.setdefault(path[i], (now, self.counts[path[i]]))
         while self.last_hit:
             oldest, at = next(iter(self.last_hit.items()))
             if self.stored - at < self.capacity and len(self.last_hit) <= self.capacity:
                 break
             del self.last_hit[oldest]
             del self.counts[oldest]
+            del self.entered[oldest]
+
+    def hit_gap_s(self, block: BlockHash, now: float) -> float:
+        if block not in self.entered or self.counts[block] == self.entered[block][1]:
+            return math.inf
+        since, base = self.entered[block]
+        return (now - since) / (self.counts[block] - base)
 
 
 def _paths(rng: random.Random) -> list[list[BlockHash]]:
@@ -150,17 +160,47 @@ def _paths(rng: random.Random) -> list[list[BlockHash]]:
 def test_the_tree_of_runs_keeps_what_the_per_block_definition_keeps(seed: int) -> None:
     rng = random.Random(seed)
     capacity = rng.choice([4, 9, 16, 40])
-    ours, model = HotBlocks(lambda e: capacity), PerBlock(capacity)
+    now = [0.0]
+    ours, model = HotBlocks(lambda e: capacity, clock=lambda: now[0]), PerBlock(capacity)
     paths = _paths(rng)
     universe = sorted(set().union(*paths))
     for step in range(150):
+        now[0] = float(step)
         path = rng.choice(paths)
         path = path[: rng.randint(1, len(path))]
         cached, placed = rng.randint(0, len(path)), rng.random() < 0.3
         ours.routed(A, path, cached, placed=placed)
-        model.routed(path, cached, placed)
+        model.routed(path, cached, placed, now[0])
         assert ours.hot(A) == len(model.last_hit), f"step {step}"
         assert [ours.hits(A, b) for b in universe] == [model.counts.get(b, 0) for b in universe], f"step {step}"
+        now[0] += 0.5
+        gaps = [ours.hit_gap_s(A, b) for b in universe]
+        assert gaps == [model.hit_gap_s(b, now[0]) for b in universe], f"step {step}"
+
+
+@pytest.mark.parametrize(
+    ("placed", "hit_times", "expected_s"),
+    [
+        (True, [1.0, 2.0], 4.0 / 2),  # placed at 0, two hits since: 4 s over two
+        (False, [3.0], 4.0 / 1),  # first hit at 0 (it became hot then), one hit since
+        (False, [], math.inf),  # hit once, never again: no gap measured
+    ],
+    ids=["placed-then-hit-twice", "hit-then-once-more", "hit-once"],
+)
+def test_the_hit_gap_is_the_time_since_it_became_hot_over_the_hits_since(
+    placed: bool, hit_times: list[float], expected_s: float
+) -> None:
+    now = [0.0]
+    hot = HotBlocks(lambda e: 100, clock=lambda: now[0])
+    prefix = hashes(0, 20)
+    hot.routed(A, prefix, cached_blocks=0 if placed else 20, placed=placed)
+    for at in hit_times:
+        now[0] = at
+        hot.routed(A, prefix + hashes(1000 + int(at) * 10, 5), cached_blocks=20, placed=False)
+    now[0] = 4.0
+    assert hot.hit_gap_s(A, prefix[-1]) == expected_s
+    assert hot.hit_gap_s(A, BlockHash(1000)) == math.inf  # stored, never hit
+    assert hot.hit_gap_s(B, prefix[-1]) == math.inf
 
 
 def test_an_evicted_block_takes_the_rest_of_its_paths_along() -> None:

@@ -78,3 +78,15 @@ def test_only_warm_decisions_continue_and_a_window_of_one_chain_reads_as_one_sta
     for _ in range(4):
         reuse.decided(Reason.CACHE, continued=True)
     assert reuse.chain_followers() == 4.0
+
+
+def test_measured_is_how_full_the_window_is() -> None:
+    reuse = PrefixReuse(window=8, prior=1)
+    assert reuse.measured() == 0.0
+    reuse.decided(Reason.NO_TOKENS)  # says nothing of the prefix: not counted
+    for _ in range(4):
+        reuse.decided(Reason.CACHE)
+    assert reuse.measured() == 0.5
+    for _ in range(10):
+        reuse.decided(Reason.LOAD)
+    assert reuse.measured() == 1.0

@@ -15,6 +15,7 @@ from extproc.config import SchedulingConfig
 from extproc.scheduling.build import build_profile
 from extproc.scheduling.estimate import cost_terms, estimate_ttft_s
 from extproc.scheduling.profiles import TtftProfile
+from extproc.scheduling.sessions import lasting_hits
 from extproc.types import (
     BlockHash,
     Candidate,
@@ -41,6 +42,7 @@ def cand(
     waiting: int = 0,
     inflight: int = 0,
     hits: int = 0,
+    gap: float | None = None,
     hot: int | None = 0,
     cost: LearnedCost | None = None,
     busy: float = 0.0,
@@ -50,7 +52,9 @@ def cand(
         prefill_busy_s=busy,
     )  # fmt: skip
     endpoint = Endpoint(eid, num_gpu_blocks=1024)
-    return Candidate(endpoint, load, cached, precise=True, hot_blocks=hot, cost=cost, prefix_hits=hits)
+    return Candidate(
+        endpoint, load, cached, precise=True, hot_blocks=hot, cost=cost, prefix_hits=hits, prefix_hit_gap_s=gap
+    )
 
 
 def req(tokens: int) -> RoutingRequest:
@@ -111,6 +115,49 @@ def test_a_chain_start_weighs_the_calls_it_brings(
     request = replace(req(tokens), chain_followers=chains)
     decision = DEFAULT.decide(request, candidates, random.Random(0))
     assert (decision.endpoints[0], decision.reason) == (pick, reason)
+
+
+BURSTS = [
+    # the tools reused 10x, A's queue lasting ~0.1 s: what matters is whether those uses meet it
+    ([cand(A, 64, queued=500, running=16, hits=9, gap=0.01), cand(B, 0)], 0.0, B, Reason.MOVE,
+     "uses-every-10-ms-meet-the-queue"),
+    # tenants at 8 req/s: each group's prefix comes back every ~2 s, long after the burst on A drained
+    ([cand(A, 64, queued=500, running=16, hits=9, gap=2.0), cand(B, 0)], 0.0, A, Reason.CACHE,
+     "uses-every-2-s-miss-a-burst"),
+    # chains keep their load: every later use of the prefix meets it, however far apart they start
+    ([cand(A, 64, queued=500, running=16, hits=9, gap=2.0), cand(B, 0)], 1.0, B, Reason.MOVE,
+     "chains-keep-the-load"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("candidates", "chains", "pick", "reason"), [row[:4] for row in BURSTS],
+                         ids=[row[4] for row in BURSTS])  # fmt: skip
+def test_a_copy_is_spread_over_the_uses_that_would_meet_the_queue(
+    candidates: list[Candidate], chains: float, pick: EndpointId, reason: Reason
+) -> None:
+    request = replace(req(1280), chain_followers=chains)
+    decision = DEFAULT.decide(request, candidates, random.Random(0))
+    assert (decision.endpoints[0], decision.reason) == (pick, reason)
+
+
+@pytest.mark.parametrize(
+    ("gap_s", "chains", "measured", "expected"),
+    [
+        (None, 0.0, 1.0, 9.0),  # gaps not measured: every hit counts
+        (1.0, 0.0, 1.0, 0.5),  # one-off requests a second apart: half a use meets a queue lasting 0.5 s
+        (0.01, 0.0, 1.0, 9.0),  # ... but never more than the hits seen
+        (1.0, 0.5, 1.0, 0.5 * 9 + 0.5 * 0.5),  # half the decisions continue chains: half the hits keep their load
+        (1.0, 3.0, 1.0, 9.0),  # chains: every hit
+        # a picker's first decisions: no chain measured yet reads as lasting load, fading as the window fills
+        (1.0, 0.0, 0.0, 9.0),
+        (1.0, 0.0, 0.5, 0.5 * 9 + 0.5 * 0.5),
+    ],
+    ids=["unmeasured", "one-off", "capped-by-hits", "half-chained", "chained", "no-evidence", "half-evidence"],
+)
+def test_the_hits_that_meet_the_queue(gap_s: float | None, chains: float, measured: float, expected: float) -> None:
+    warm = cand(A, 64, hits=9, gap=gap_s)
+    request = replace(req(1280), chain_followers=chains, chains_measured=measured)
+    assert lasting_hits(request, warm, 0.5) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize(
