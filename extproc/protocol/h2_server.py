@@ -202,8 +202,11 @@ class _Connection(asyncio.Protocol):
         """Start the stream's answering task if it has work and none is running."""
         if stream.closed or stream.task is not None:
             return
-        # a Process stream answers each message as it comes; a unary health check once the request is complete
-        due = stream.client_done or (stream.exchange is not None and bool(stream.messages))
+        # a Process stream answers each message as it comes; a unary health check once the request is complete.
+        # Once our trailers are queued (waiting on the peer's window) there is nothing left to answer: woken
+        # then, a task would find nothing, end, wake the next, once per loop turn until the window opened.
+        finishing = stream.trailers is not None
+        due = (stream.client_done and not finishing) or (stream.exchange is not None and bool(stream.messages))
         if due:
             stream.task = asyncio.get_running_loop().create_task(self._answer(stream))
 

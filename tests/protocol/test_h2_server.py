@@ -14,7 +14,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from extproc.protocol import ProcessorOptions, http2
-from extproc.protocol.h2_server import H2Server, start_h2_server
+from extproc.protocol.h2_server import H2Server, _Connection, grpc_frame, start_h2_server
 from extproc.protocol.pb import external_processor_pb2_grpc
 from extproc.types import EndpointId, HttpRequest, Route
 from tests.protocol.extproc_wire import body_msg, chat_body, connected, headers_msg, run_exchange
@@ -115,3 +115,39 @@ async def test_a_request_of_headers_alone_is_answered_at_once(path: bytes, statu
         await server.stop(grace_s=0.1)
     decoded = dict(hpack.Decoder().decode(b"".join(p for kind, _, p in frames if kind == http2.HEADERS), raw=True))
     assert decoded[b"grpc-status"] == status
+
+
+class _Transport(asyncio.Transport):
+    """A connection's transport that drops what is written."""
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+PROCESS = b"/envoy.service.ext_proc.v3.ExternalProcessor/Process"
+
+
+async def test_trailers_waiting_on_the_peers_window_do_not_spin_the_stream() -> None:
+    # a peer that grants 10 bytes per stream: our reply and trailers wait for its WINDOW_UPDATE; the client's
+    # END_STREAM meanwhile once made the stream start an answering task per loop turn, each finding nothing
+    server = H2Server(FixedHandler(), ProcessorOptions(), max_receive_bytes=1 << 20, ready=True)
+    conn = _Connection(server)
+    conn.connection_made(_Transport())
+    tiny_window = http2.frame(http2.SETTINGS, 0, 0, (4).to_bytes(2, "big") + (10).to_bytes(4, "big"))
+    headers = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", PROCESS), (b":authority", b"x"),
+               (b"content-type", b"application/grpc"), (b"te", b"trailers")]  # fmt: skip
+    messages = grpc_frame(headers_msg().SerializeToString()) + grpc_frame(
+        body_msg(chat_body(), eos=True).SerializeToString()
+    )
+    conn.data_received(
+        http2.PREFACE + tiny_window + http2.frame(http2.HEADERS, http2.END_HEADERS, 1, hpack.Encoder().encode(headers))
+        + http2.frame(http2.DATA, http2.END_STREAM, 1, messages)
+    )  # fmt: skip
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
+    conn.data_received(http2.frame(http2.WINDOW_UPDATE, 0, 1, (1 << 20).to_bytes(4, "big")))
+    assert conn.busy is False  # the reply and the trailers went out
