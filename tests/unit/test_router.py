@@ -287,3 +287,31 @@ async def test_the_decisions_tell_the_next_how_long_chains_run() -> None:
     assert reasons[:3] == ["load", "cache", "cache"]
     # continued per started, one started counted in advance while the window fills: p = 1 - n/64
     assert seen == pytest.approx([0.0, 0.0, 0.0, 1 / (2 + 61 / 64)])
+
+
+async def test_each_candidate_carries_its_prefix_hits_and_their_gap_and_the_request_how_full_the_window_is() -> None:
+    """The move rule's inputs (``sessions.lasting_hits``) as the decider hands them to the profile."""
+    now = [0.0]
+    router, _, _ = make_router(hot_blocks=HotBlocks(lambda endpoint: 1024, clock=lambda: now[0]))
+    seen: list[tuple[float, dict[EndpointId, tuple[int, float | None]]]] = []
+    real = router.decider._deps.profile  # type: ignore[attr-defined]
+
+    class Spy:
+        def decide(self, request: RoutingRequest, candidates: Sequence[Candidate], rng: random.Random) -> Decision:
+            hits = {c.endpoint.id: (c.prefix_hits, c.prefix_hit_gap_s) for c in candidates}
+            seen.append((request.chains_measured, hits))
+            return real.decide(request, candidates, rng)
+
+    router.decider._deps = dataclasses.replace(router.decider._deps, profile=Spy())  # type: ignore[attr-defined]
+    prefix = list(range(320))  # 20 blocks, placed cold at 0 s
+    picks = []
+    for at, question in [(0.0, 1000), (1.0, 2000), (4.0, 3000)]:
+        now[0] = at
+        router._deps.preparer.tokens = prefix + list(range(question, question + 200))  # type: ignore[attr-defined]
+        picks.append((await router.route(post())).endpoints[0])  # type: ignore[union-attr]
+    home = picks[0]
+    other = B if home == A else A
+    assert picks[1] == home  # (where the third goes is the profile's business)
+    # the third request: the prefix placed at 0 s and hit once since (at 1 s), read at 4 s
+    assert seen[2] == (2 / 64, {home: (1, 4.0), other: (0, None)})
+    assert [measured for measured, _ in seen] == [0.0, 1 / 64, 2 / 64]
