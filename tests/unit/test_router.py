@@ -7,6 +7,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import pytest
 
@@ -29,6 +30,8 @@ from extproc.types import (
     RoutingRequest,
 )
 from tests.support.router_fakes import A, B, DictIndex, make_router, post
+
+T = TypeVar("T")
 
 
 async def test_non_llm_requests_pass_through() -> None:
@@ -234,18 +237,24 @@ async def test_every_decision_reaches_the_status_tap() -> None:
     assert seen == [("req-1", route.endpoints[0], int(route.headers[wire.CACHED_TOKENS_HEADER]))]
 
 
-def spy_on_requests(router: Router, read: Callable[[RoutingRequest], float]) -> list[float]:
-    """What ``read`` takes from each request the router's profile decides, in order (the profile unchanged)."""
-    seen: list[float] = []
+def spy_on_decisions(router: Router, read: Callable[[RoutingRequest, Sequence[Candidate]], T]) -> list[T]:
+    """What ``read`` takes from each request the router's profile decides and its candidates, in order (the
+    profile unchanged)."""
+    seen: list[T] = []
     real = router.decider._deps.profile  # type: ignore[attr-defined]
 
     class Spy:
         def decide(self, request: RoutingRequest, candidates: Sequence[Candidate], rng: random.Random) -> Decision:
-            seen.append(read(request))
-            return real.decide(request, candidates, rng)
+            seen.append(read(request, candidates))
+            return real.decide(request, candidates, rng)  # type: ignore[no-any-return]
 
     router.decider._deps = dataclasses.replace(router.decider._deps, profile=Spy())  # type: ignore[attr-defined]
     return seen
+
+
+def spy_on_requests(router: Router, read: Callable[[RoutingRequest], float]) -> list[float]:
+    """What ``read`` takes from each request the router's profile decides, in order (the profile unchanged)."""
+    return spy_on_decisions(router, lambda request, _: read(request))
 
 
 async def test_the_decisions_tell_the_next_how_often_new_prefixes_were_followed() -> None:
@@ -293,16 +302,13 @@ async def test_each_candidate_carries_its_prefix_hits_and_their_gap_and_the_requ
     """The move rule's inputs (``sessions.lasting_hits``) as the decider hands them to the profile."""
     now = [0.0]
     router, _, _ = make_router(hot_blocks=HotBlocks(lambda endpoint: 1024, clock=lambda: now[0]))
-    seen: list[tuple[float, dict[EndpointId, tuple[int, float | None]]]] = []
-    real = router.decider._deps.profile  # type: ignore[attr-defined]
-
-    class Spy:
-        def decide(self, request: RoutingRequest, candidates: Sequence[Candidate], rng: random.Random) -> Decision:
-            hits = {c.endpoint.id: (c.prefix_hits, c.prefix_hit_gap_s) for c in candidates}
-            seen.append((request.chains_measured, hits))
-            return real.decide(request, candidates, rng)
-
-    router.decider._deps = dataclasses.replace(router.decider._deps, profile=Spy())  # type: ignore[attr-defined]
+    seen = spy_on_decisions(
+        router,
+        lambda request, candidates: (
+            request.chains_measured,
+            {c.endpoint.id: (c.prefix_hits, c.prefix_hit_gap_s) for c in candidates},
+        ),
+    )
     prefix = list(range(320))  # 20 blocks, placed cold at 0 s
     picks = []
     for at, question in [(0.0, 1000), (1.0, 2000), (4.0, 3000)]:

@@ -107,35 +107,25 @@ CHAINS = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("candidates", "tokens", "chains", "pick", "reason"), [row[:5] for row in CHAINS],
-                         ids=[row[5] for row in CHAINS])  # fmt: skip
-def test_a_chain_start_weighs_the_calls_it_brings(
-    candidates: list[Candidate], tokens: int, chains: float, pick: EndpointId, reason: Reason
-) -> None:
-    request = replace(req(tokens), chain_followers=chains)
-    decision = DEFAULT.decide(request, candidates, random.Random(0))
-    assert (decision.endpoints[0], decision.reason) == (pick, reason)
-
-
 BURSTS = [
     # the tools reused 10x, A's queue lasting ~0.1 s: what matters is whether those uses meet it
-    ([cand(A, 64, queued=500, running=16, hits=9, gap=0.01), cand(B, 0)], 0.0, B, Reason.MOVE,
+    ([cand(A, 64, queued=500, running=16, hits=9, gap=0.01), cand(B, 0)], 1280, 0.0, B, Reason.MOVE,
      "uses-every-10-ms-meet-the-queue"),
     # tenants at 8 req/s: each group's prefix comes back every ~2 s, long after the burst on A drained
-    ([cand(A, 64, queued=500, running=16, hits=9, gap=2.0), cand(B, 0)], 0.0, A, Reason.CACHE,
+    ([cand(A, 64, queued=500, running=16, hits=9, gap=2.0), cand(B, 0)], 1280, 0.0, A, Reason.CACHE,
      "uses-every-2-s-miss-a-burst"),
     # chains keep their load: every later use of the prefix meets it, however far apart they start
-    ([cand(A, 64, queued=500, running=16, hits=9, gap=2.0), cand(B, 0)], 1.0, B, Reason.MOVE,
+    ([cand(A, 64, queued=500, running=16, hits=9, gap=2.0), cand(B, 0)], 1280, 1.0, B, Reason.MOVE,
      "chains-keep-the-load"),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("candidates", "chains", "pick", "reason"), [row[:4] for row in BURSTS],
-                         ids=[row[4] for row in BURSTS])  # fmt: skip
-def test_a_copy_is_spread_over_the_uses_that_would_meet_the_queue(
-    candidates: list[Candidate], chains: float, pick: EndpointId, reason: Reason
+@pytest.mark.parametrize(("candidates", "tokens", "chains", "pick", "reason"), [row[:5] for row in CHAINS + BURSTS],
+                         ids=[row[5] for row in CHAINS + BURSTS])  # fmt: skip
+def test_a_copy_is_spread_over_the_calls_a_start_brings_and_the_uses_that_meet_the_queue(
+    candidates: list[Candidate], tokens: int, chains: float, pick: EndpointId, reason: Reason
 ) -> None:
-    request = replace(req(1280), chain_followers=chains)
+    request = replace(req(tokens), chain_followers=chains)
     decision = DEFAULT.decide(request, candidates, random.Random(0))
     assert (decision.endpoints[0], decision.reason) == (pick, reason)
 
