@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     rates = [float(x) for x in args.rates.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
     fleet = w.fleet_for(False)
-    plans = [w.plan(rate, step, args.seed, False) for step, rate in enumerate(rates)]
+    plans = w.plans(rates, args.seed, False)
     backends = Backends(fleet, args.out / "fleet").start()
     try:
         if fleet.engine == "sim":  # as the suite does: no policy pays the simulator's first tokenization

@@ -157,7 +157,7 @@ class _Fleets:
 
 def _run_workload(w: Workload, opts: RunOptions, doc: dict[str, Any], fleets: _Fleets) -> dict[str, Any]:
     rates = opts.rates or list(w.rates_quick if opts.quick else w.rates_full)
-    plans = [w.plan(r, step, opts.seed, opts.quick) for step, r in enumerate(rates)]
+    plans = w.plans(rates, opts.seed, opts.quick)
     fleet = w.fleet_for(opts.quick)
     entry: dict[str, Any] = {
         "summary": w.summary, "prefix_heavy": w.prefix_heavy,

@@ -4,7 +4,8 @@ A ``Plan`` is what one (workload, rate) cell sends: ``sessions``, each starting 
 the cell's start) and sending its ``calls`` one after another (a chain waits for the previous answer; most
 sessions hold one call). Every plan is a pure function of (workload, rate, step, seed, quick): same seed,
 same requests. ``step`` (the rung of the rate ladder) salts every generated text, so each rung sends content
-that no router or backend has seen, and state left over from the previous rung cannot help or hurt.
+that no router or backend has seen, and no cache left over from the previous rung can help or hurt
+(``Workload.plans`` gives a rate of the ladder its own rung wherever it stands).
 
 ``ceiling_cached_share``: with an infinite cache, the share of prompt tokens that vLLM could serve from
 cache, in request order: a request hits its leading full blocks that any earlier request produced, never
@@ -131,6 +132,15 @@ class Workload:
 
     def plan(self, rate: float, step: int, seed: int, quick: bool) -> Plan:
         return self.build(rate, step, seed, quick)
+
+    def plans(self, rates: Sequence[float], seed: int, quick: bool) -> list[Plan]:
+        """One plan per rate, in order. A rate on the shape's own ladder, given once, replays that cell's
+        requests wherever it stands in ``rates``: ``--rates 12`` alone replays the agents cell the suite runs at
+        12 req/s (its second), not the first cell's requests sent faster. Any other rate (or one given twice)
+        takes its position's. (The router still starts fresh: the suite's cell follows the cells before it.)"""
+        ladder = list(self.rates_quick if quick else self.rates_full)
+        steps = [ladder.index(r) if r in ladder and rates.count(r) == 1 else i for i, r in enumerate(rates)]
+        return [self.build(r, step, seed, quick) for r, step in zip(rates, steps, strict=True)]
 
 
 # -- (1) long documents, several questions each, some with one leading space ----------------------------------
