@@ -134,12 +134,15 @@ class Workload:
         return self.build(rate, step, seed, quick)
 
     def plans(self, rates: Sequence[float], seed: int, quick: bool) -> list[Plan]:
-        """One plan per rate, in order. A rate on the shape's own ladder, given once, replays that cell's
-        requests wherever it stands in ``rates``: ``--rates 12`` alone replays the agents cell the suite runs at
-        12 req/s (its second), not the first cell's requests sent faster. Any other rate (or one given twice)
-        takes its position's. (The router still starts fresh: the suite's cell follows the cells before it.)"""
+        """One plan per rate, in order, each on its own rung (no two cells share text). A rate on the shape's
+        own ladder, given once, replays that cell's requests wherever it stands in ``rates``: ``--rates 12``
+        alone replays the agents cell the suite runs at 12 req/s (its second), not the first cell's requests
+        sent faster. Any other rate (or one given twice) takes a rung past the ladder's, by its position. (The
+        router still starts fresh: the suite's cell follows the cells before it.)"""
         ladder = list(self.rates_quick if quick else self.rates_full)
-        steps = [ladder.index(r) if r in ladder and rates.count(r) == 1 else i for i, r in enumerate(rates)]
+        steps = [
+            ladder.index(r) if r in ladder and rates.count(r) == 1 else len(ladder) + i for i, r in enumerate(rates)
+        ]
         return [self.build(r, step, seed, quick) for r, step in zip(rates, steps, strict=True)]
 
 

@@ -42,13 +42,15 @@ def test_plans_are_deterministic_and_salted_per_rung(name: str) -> None:
 
 def test_a_rate_on_the_ladder_replays_its_own_cell_wherever_it_stands() -> None:
     """``--rates 12`` alone replays the suite's agents cell at 12 req/s (its second rung), not the first rung's
-    requests sent faster; a rate off the ladder, or one given twice, takes its position's rung."""
+    requests sent faster; a rate off the ladder, or one given twice, takes a rung past the ladder's by its
+    position, so no two cells of one invocation share a rung."""
     w = WORKLOADS["agents"]
     assert list(w.rates_full) == [6.0, 12.0]
+    assert w.plans([6.0, 12.0], 7, False) == [w.plan(6.0, 0, 7, False), w.plan(12.0, 1, 7, False)]
     assert w.plans([12.0], 7, False) == [w.plan(12.0, 1, 7, False)]
     assert w.plans([12.0, 6.0], 7, False) == [w.plan(12.0, 1, 7, False), w.plan(6.0, 0, 7, False)]
-    assert w.plans([12.0, 12.0], 7, False) == [w.plan(12.0, 0, 7, False), w.plan(12.0, 1, 7, False)]
-    assert w.plans([9.0], 7, False) == [w.plan(9.0, 0, 7, False)]
+    assert w.plans([12.0, 12.0], 7, False) == [w.plan(12.0, 2, 7, False), w.plan(12.0, 3, 7, False)]
+    assert w.plans([9.0, 6.0], 7, False) == [w.plan(9.0, 2, 7, False), w.plan(6.0, 0, 7, False)]
 
 
 def test_noisy_premium_arrives_alike_in_every_rung() -> None:
