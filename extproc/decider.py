@@ -36,7 +36,7 @@ from extproc.reservations import Decided, Reserver, fresher
 from extproc.scheduling import pd
 from extproc.scheduling.estimate import EstimatorParams, configured_cost, cost_terms
 from extproc.scheduling.filters import eligible
-from extproc.scheduling.prefix_reuse import PrefixReuse
+from extproc.scheduling.prefix_reuse import PrefixReuse, PromptEnds
 from extproc.scheduling.profiles import Profile
 from extproc.scheduling.sessions import floor_share
 from extproc.tasks import within_or_orphan
@@ -197,6 +197,7 @@ class LocalDecider:
         self._serial = asyncio.Lock()  # with a shared load: one decide-reserve-record at a time (``_decide``)
         self._known = SharedQueues({}, {})  # the shared queues our last reservation answered with
         self._reuse = PrefixReuse()  # how often new prefixes were followed lately: the cold placement's window
+        self._prompt_ends = PromptEnds()  # what a chain's next call extends, and when it was routed
         if deps.shared_load is not None:
             self._reserver = Reserver(deps.shared_load, deadline_s=settings.lookup_deadline_s,
                                       redecisions=settings.reserve_redecisions, orphans=self._background)  # fmt: skip
@@ -210,7 +211,7 @@ class LocalDecider:
         routing = ask.routing(
             self._deps.tenant_for(ask.tenant_id),
             followers=reuse.followers(),
-            chains=reuse.chain_followers(),
+            chains=reuse.chain_followers(self._clock()),
             measured=reuse.measured(),
         )
         try:
@@ -449,9 +450,13 @@ class LocalDecider:
         write left to a background task could miss the very next decision (a burst of one document would not
         see its own first pick). With Redis the write waits on I/O and stays in the background."""
         pick = decision.endpoints[0]
-        self._reuse.decided(decision.reason, continued=self._continued(routing, decision))
+        now = self._clock()
+        since_s = self._extended_since_s(routing, decision, now)
+        continued = since_s is not None or self._continued(routing, decision)
+        self._reuse.decided(decision.reason, continued=continued, at_s=now, gap_s=since_s)
+        self._prompt_ends.routed(routing.block_hashes, now)
         self._deps.metrics.placement_followers.set(self._reuse.followers())
-        self._deps.metrics.chain_followers.set(self._reuse.chain_followers())
+        self._deps.metrics.chain_followers.set(self._reuse.chain_followers(now))
         uncached = 0 if prefilled_elsewhere else max(routing.prompt_tokens - decision.cached_tokens, 0)
         first_token_in_s = None if prefilled_elsewhere else decision.estimates_s.get(pick)  # busy prefilling it
         self._deps.inflight.add(pick, uncached, first_token_in_s)
@@ -471,6 +476,15 @@ class LocalDecider:
             live = self._deps.has_live_events(pick) if self._deps.has_live_events else pick in precise
             ttl = self._settings.burst_mark_ttl_s if live else self._settings.approx_ttl_s
             await self._write(self._deps.approx.store(pick, routing.block_hashes, ttl_s=ttl, chain=_FROM_ROOT))
+
+    def _extended_since_s(self, routing: RoutingRequest, decision: Decision, now: float) -> float | None:
+        """For a warm decision whose cached prefix ends where a recent request's prompt ended (it extends that
+        whole prompt: a chain's next call, even after a first call that was placed cold), the time since that
+        request was routed; else ``None``."""
+        cached_blocks = decision.cached_tokens // routing.block_size
+        if decision.reason == Reason.LOAD or not 0 < cached_blocks <= len(routing.block_hashes):
+            return None
+        return self._prompt_ends.since_s(routing.block_hashes[cached_blocks - 1], now)
 
     def _continued(self, routing: RoutingRequest, decision: Decision) -> bool:
         """Whether the pick's cached prefix ends in blocks that one earlier request stored there and nobody hit

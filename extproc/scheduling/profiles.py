@@ -88,7 +88,8 @@ class TtftProfile:
         if warm_est <= best + self.stickiness_s:  # worth staying by the request's own estimate; the prefix's?
             allowed = [c for c in candidates if c.endpoint.id in move]
             lasting_s = self._lasting_s(request, warm)
-            invested = invested_estimates(request, warm, allowed, est, self.params, lasting_s)
+            holders = [c for c in candidates if c.cached_blocks == warm.cached_blocks]
+            invested = invested_estimates(request, warm, allowed, est, self.params, lasting_s, holders)
             if invested and min(invested.values()) < lasting_s - self.tie_epsilon_s:
                 return _spread(invested, min(invested.values()), self.tie_epsilon_s, rng), Reason.MOVE
             return warm.endpoint.id, Reason.CACHE

@@ -9,9 +9,14 @@ Here a target that lacks part of the warm endpoint's prefix is priced as if it h
 over the reuse of what is copied. The reuse is measured, not guessed: one plus the requests that hit the warm
 endpoint's deepest matched block lately (``Candidate.prefix_hits``). A shared prefix (tool definitions, a system
 prompt many sessions extend) has many hits, so its copy is cheap per use; a session's own context has had none
-beyond its own calls, so moving it costs this request the whole copy. Only the uses that would meet the queue
-count (``lasting_hits``): a burst of one-off requests drains before a prefix used every two seconds is used
-again (measured: tenants at 8 req/s, ``bench/results/tenants8-moves``), while chains keep their load.
+beyond its own calls, so moving it costs this request the whole copy. A fresh copy of a shared prefix has no
+hits yet either: where requests continue chains, its reuse is read on the holder it was hit on (``_reused_on``),
+or a chain's start follows the copy onto its endpoint while the copy still prefills, and the two chains collide
+on every call (agents at 6 req/s, ``bench/results/chain-starts``); one-off traffic reads the warm endpoint's own
+hits, or documents are copied again from their second holder (3 copies a cell instead of 1). Only the uses that
+would meet the queue count (``lasting_hits``): a burst of one-off requests drains before a prefix used every two
+seconds is used again (measured: tenants at 8 req/s, ``bench/results/tenants8-moves``), while chains keep their
+load.
 
 Hysteresis: the copy is counted twice, once for going and once for the way back, so a move must save more than
 a round trip would cost. Moving back for a session means copying its context again (hits: its own), which a
@@ -21,7 +26,7 @@ momentary queue elsewhere does not repay; so it does not ping-pong. Only the tar
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from extproc.scheduling.estimate import EstimatorParams, estimate_ttft_s
@@ -35,13 +40,16 @@ def invested_estimates(
     est: Mapping[EndpointId, float],
     params: EstimatorParams,
     lasting_s: float,
+    holders: Sequence[Candidate] = (),
 ) -> dict[EndpointId, float]:
     """Per target other than ``warm`` that would copy part of its prefix: the target's estimate as if it held
     that prefix, plus twice its copy spread over the prefix's reuse (module docstring). ``est``: the plain
     estimates (with the request's ``floor_share``, as the as-if one), whose difference from the as-if one is the
-    copy; ``lasting_s``: the warm endpoint's estimate against load that lasts, the queue a move avoids."""
-    reuse = 1.0 + lasting_hits(request, warm, lasting_s)
-    if warm.prefix_hits > 0:  # a shared prefix: each use starts a chain, which brings its measured calls along
+    copy; ``lasting_s``: the warm endpoint's estimate against load that lasts, the queue a move avoids;
+    ``holders``: the candidates that hold as much of the prompt as ``warm`` (``_reused_on``)."""
+    used = _reused_on(request, warm, holders)
+    reuse = 1.0 + lasting_hits(request, used, lasting_s)
+    if used.prefix_hits > 0:  # a shared prefix: each use starts a chain, which brings its measured calls along
         reuse *= 1 + request.chain_followers
     share = floor_share(request)
     out: dict[EndpointId, float] = {}
@@ -53,6 +61,19 @@ def invested_estimates(
         copy_s = max(est[c.endpoint.id] - as_if, 0.0)
         out[c.endpoint.id] = as_if + 2 * copy_s / reuse
     return out
+
+
+def _reused_on(request: RoutingRequest, warm: Candidate, holders: Sequence[Candidate]) -> Candidate:
+    """Where the prefix's reuse is read: the warm endpoint, or, as far as requests continue chains lately
+    (``floor_share``), the holder of as much of it that was hit most, with that holder's gap between hits (a
+    chain's start on a fresh copy of shared tools: the copy has no hits yet, but the chains that hit the tools
+    elsewhere start wherever the tools are)."""
+    most = max(holders, key=lambda c: c.prefix_hits, default=warm)
+    share = floor_share(request)
+    if most.prefix_hits <= warm.prefix_hits or share <= 0:
+        return warm
+    hits = warm.prefix_hits + round(share * (most.prefix_hits - warm.prefix_hits))
+    return replace(warm, prefix_hits=hits, prefix_hit_gap_s=most.prefix_hit_gap_s)
 
 
 def lasting_hits(request: RoutingRequest, warm: Candidate, lasting_s: float) -> float:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -121,16 +122,18 @@ def make_router(
     calibration: TtftCalibration | None = None,
     fresh_load: Callable[[], None] | None = None,
     hot_blocks: HotBlocks | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> tuple[Router, DictIndex, InflightLoad]:
     """``shared_load``: the load shared with other replicas (lookups then wait on I/O, as with Redis);
     ``calibration``: learn each endpoint's cost from its scraped TTFT (with the profile's estimator);
     ``fresh_load``: called before each decision reads the registry (the scraper's deferred reads);
-    ``hot_blocks``: the blocks recent requests hit per endpoint (None: not tracked)."""
+    ``hot_blocks``: the blocks recent requests hit per endpoint (None: not tracked); ``clock``: the decider's
+    and the in-flight load's."""
     registry = registry or EndpointRegistry([Endpoint(A), Endpoint(B)])
     for eid in registry.snapshot():
         registry.scraped(eid, EngineMetrics(running=0, waiting=0, kv_usage=0.1, models=frozenset({"m"})))
     approx = approx or DictIndex()
-    inflight = InflightLoad(10000.0)
+    inflight = InflightLoad(10000.0, clock)
     metrics = RouterMetrics(CollectorRegistry())
     front = FrontDeps(
         preparer=FakePreparer(tokens if tokens is not None else list(range(1000))),
@@ -160,7 +163,7 @@ def make_router(
         hot_blocks=hot_blocks,
     )
     settings = settings or RouterSettings()
-    local = LocalDecider(decider, settings.decider, rng=random.Random(0))
+    local = LocalDecider(decider, settings.decider, rng=random.Random(0), clock=clock)
     return Router(front, local, settings), approx, inflight
 
 

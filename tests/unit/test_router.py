@@ -281,21 +281,41 @@ async def test_the_decisions_tell_the_next_how_often_new_prefixes_were_followed(
 
 
 async def test_the_decisions_tell_the_next_how_long_chains_run() -> None:
-    """A warm decision whose cached prefix ends in blocks one earlier request stored and nobody hit or placed
-    since continues that request's own context (``PrefixReuse.chain_followers``); one that ends in a placed or
-    hit prefix starts something."""
-    router, _, _ = make_router(hot_blocks=HotBlocks(lambda endpoint: 1024))
+    """A warm decision continues an earlier request's own context when its cached prefix ends in blocks one
+    earlier request stored and nobody hit or placed since, or where a recent prompt ended (a chain's second call
+    after a first call placed cold); one that ends in a shared placed prefix (a second question about a
+    document) starts something. Each continuation's time since the call it continued is the chain's gap:
+    while the window fills, starts younger than the mean gap are not counted against the continuations
+    (``PrefixReuse.chain_followers``)."""
+    now = [0.0]
+    clock = lambda: now[0]  # noqa: E731
+    router, _, _ = make_router(hot_blocks=HotBlocks(lambda endpoint: 1024, clock=clock), clock=clock)
     seen = spy_on_requests(router, lambda request: request.chain_followers)
-    first = list(range(320))  # 20 blocks, placed cold
-    second = first + list(range(1000, 1200))  # ends in the placed prefix: starts something
-    third = second + list(range(2000, 2200))  # ends in what the second stored: continues it
+    document = list(range(320))  # 20 blocks
+    first = document + list(range(1000, 1200))  # placed cold (32 full blocks)
+    second = first + list(range(2000, 2200))  # ends where the first's prompt ended: continues it
+    question = document + list(range(5000, 5200))  # ends in the placed document: starts something
+    follow_up = question + list(range(3000, 3200))  # continues the question
+    new = list(range(90000, 90400))  # shares nothing
     reasons = []
-    for tokens in [first, second, third, third + list(range(3000, 3200))]:
+    for at, tokens in [(0.0, first), (1.0, second), (2.0, question), (2.5, follow_up), (3.0, new)]:
+        now[0] = at
         router._deps.preparer.tokens = tokens  # type: ignore[attr-defined]
         reasons.append((await router.route(post())).headers["x-router-reason"])  # type: ignore[union-attr]
-    assert reasons[:3] == ["load", "cache", "cache"]
-    # continued per started, one started counted in advance while the window fills: p = 1 - n/64
-    assert seen == pytest.approx([0.0, 0.0, 0.0, 1 / (2 + 61 / 64)])
+    assert reasons == ["load", "cache", "cache", "cache", "load"]
+
+    def blend(seen: int, continued: int, old_starts: int) -> float:
+        # the ratio (one start counted in advance, fading by 1/64 per decision) blended by how full the window
+        # is with continued per start at least the mean gap old
+        ratio = continued / max(seen - continued + (1 - seen / 64), 1)
+        return seen / 64 * ratio + (1 - seen / 64) * continued / max(old_starts, 1)
+
+    assert seen == pytest.approx([
+        0.0, 0.0,  # no continuation yet
+        blend(2, 1, 1),  # at 2.0 s, gaps [1.0]: the start at 0 s is old enough
+        blend(3, 1, 1),  # at 2.5 s: the question (2.0 s) is younger than the gap, not counted yet
+        blend(4, 2, 2),  # at 3.0 s, gaps [1.0, 0.5]: both starts count
+    ])  # fmt: skip
 
 
 async def test_each_candidate_carries_its_prefix_hits_and_their_gap_and_the_request_how_full_the_window_is() -> None:

@@ -27,7 +27,7 @@ from extproc.types import (
     RoutingRequest,
 )
 
-A, B = EndpointId("10.0.0.1:8000"), EndpointId("10.0.0.2:8000")
+A, B, C = EndpointId("10.0.0.1:8000"), EndpointId("10.0.0.2:8000"), EndpointId("10.0.0.3:8000")
 DEFAULT = build_profile(SchedulingConfig())
 assert isinstance(DEFAULT, TtftProfile)
 PILED = LearnedCost(base_s=0.0, prefill_scale=1.0, interference_per_running=0.05, queue_scale=1.0)
@@ -104,6 +104,13 @@ CHAINS = [
     # two endpoints hold the tools: a chain starts on the one not prefilling, no copy at all
     ([cand(A, 64, hits=3, busy=0.06), cand(B, 64, hits=3)], 1280, 4.0, B, Reason.CACHE,
      "of-two-holders-the-one-not-prefilling"),
+    # B's copy of the tools (no hits yet) still prefills, A prefills another start: a chain's start reads the
+    # tools' reuse where they were hit and copies them to idle C rather than collide on either holder
+    ([cand(A, 64, hits=6, busy=0.06, running=4), cand(B, 64, busy=0.04), cand(C, 0)], 1280, 4.0, C, Reason.MOVE,
+     "a-start-does-not-follow-a-copy-that-still-prefills"),
+    # without chains a second holder's copy reads its own hits: no third copy for a one-off question
+    ([cand(A, 64, hits=6, busy=0.06, running=4), cand(B, 64, busy=0.04), cand(C, 0)], 1280, 0.0, B, Reason.CACHE,
+     "without-chains-no-third-copy"),
 ]  # fmt: skip
 
 
