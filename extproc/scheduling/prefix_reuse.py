@@ -68,7 +68,7 @@ class PrefixReuse:
         self._window = window
         self._recent: deque[tuple[bool, bool]] = deque(maxlen=window)  # (warm, continued)
         self._starts_at_s: deque[float] = deque()  # while the window fills: when its started decisions came
-        self._gaps_s: deque[float] = deque(maxlen=window)  # each continuation's time since the call it continued
+        self._gaps_s: deque[float] = deque()  # while it fills: each continuation's time since the call it continued
         self._warm = 0
         self._continued = 0
         self._prior = prior
@@ -91,11 +91,12 @@ class PrefixReuse:
         self._recent.append((warm, continued))
         self._warm += warm
         self._continued += continued
-        if len(self._recent) == self._window:
-            self._starts_at_s.clear()  # a full window reads the ratio alone
+        if len(self._recent) == self._window:  # a full window reads the ratio alone: no starts, no gaps kept
+            self._starts_at_s.clear()
+            self._gaps_s.clear()
         elif not continued:
             self._starts_at_s.append(at_s)
-        if continued and gap_s is not None and gap_s >= 0:
+        elif gap_s is not None and gap_s >= 0:
             self._gaps_s.append(gap_s)
 
     def followers(self) -> float:
