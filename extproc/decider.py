@@ -17,7 +17,7 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from extproc import wire
@@ -34,6 +34,7 @@ from extproc.observability import PhaseTimer, RouterMetrics
 from extproc.redis.shared_load import SharedLoadUnavailable, SharedQueue, SharedQueues
 from extproc.reservations import Decided, Reserver, fresher
 from extproc.scheduling import pd
+from extproc.scheduling.due_calls import DueCalls
 from extproc.scheduling.estimate import EstimatorParams, configured_cost, cost_terms
 from extproc.scheduling.filters import eligible
 from extproc.scheduling.prefix_reuse import PrefixReuse, PromptEnds
@@ -198,6 +199,7 @@ class LocalDecider:
         self._known = SharedQueues({}, {})  # the shared queues our last reservation answered with
         self._reuse = PrefixReuse()  # how often new prefixes were followed lately: the cold placement's window
         self._prompt_ends = PromptEnds()  # what a chain's next call extends, and when it was routed
+        self._due = DueCalls()  # where and when chains' next calls are expected
         if deps.shared_load is not None:
             self._reserver = Reserver(deps.shared_load, deadline_s=settings.lookup_deadline_s,
                                       redecisions=settings.reserve_redecisions, orphans=self._background)  # fmt: skip
@@ -257,10 +259,15 @@ class LocalDecider:
         self._observe_ttft(states[e.id] for e in endpoints)
         candidates: list[Candidate] = []  # the last decision's, for the calibration
 
+        # where chains' next calls are due (read only while chains are measured: nothing else prices them)
+        due = self._due.due_s(hashes, self._clock()) if routing.chain_followers > 0 else {}
+
         def decide(view: SharedQueues | None) -> Decided:
             queued = view.tokens if view is not None else {}
             candidates[:] = [
-                self._candidate(states[e.id], hashes, matches.get(e.id, 0), queued.get(e.id, 0.0), e.id in precise)
+                self._candidate(
+                    states[e.id], hashes, matches.get(e.id, 0), queued.get(e.id, 0.0), e.id in precise, due.get(e.id)
+                )
                 for e in endpoints
             ]
             return pd.decide(self._deps.profile, self._deps.pd, routing, candidates, self._rng)
@@ -390,9 +397,12 @@ class LocalDecider:
         cached_blocks: int,
         shared_queued: float = 0.0,
         precise: bool = False,
+        calls_due_s: tuple[float, ...] | None = None,
     ) -> Candidate:
         eid = record.endpoint.id
         load = snapshot(record, self._deps.inflight, shared_queued, self._clock(), self._settings.stale_after_s)
+        if calls_due_s:
+            load = replace(load, calls_due_s=calls_due_s)
         occupancy = self._deps.occupancy
         shares = occupancy.view(eid) if occupancy is not None else None
         hot, hits, gap_s = None, 0, None
@@ -454,12 +464,17 @@ class LocalDecider:
         since_s = self._extended_since_s(routing, decision, now)
         continued = since_s is not None or self._continued(routing, decision)
         self._reuse.decided(decision.reason, continued=continued, at_s=now, gap_s=since_s)
+        if since_s is not None:
+            extended = routing.block_hashes[decision.cached_tokens // routing.block_size - 1]
+            self._due.continued(extended, len(routing.block_hashes), now)
         self._prompt_ends.routed(routing.block_hashes, now)
         self._deps.metrics.placement_followers.set(self._reuse.followers())
         self._deps.metrics.chain_followers.set(self._reuse.chain_followers(now))
         uncached = 0 if prefilled_elsewhere else max(routing.prompt_tokens - decision.cached_tokens, 0)
         first_token_in_s = None if prefilled_elsewhere else decision.estimates_s.get(pick)  # busy prefilling it
         self._deps.inflight.add(pick, uncached, first_token_in_s)
+        if first_token_in_s is not None:
+            self._due.routed(pick, routing.block_hashes, now, first_token_in_s)
         if self._deps.hot_blocks is not None:
             placed = decision.reason == Reason.LOAD
             self._deps.hot_blocks.routed(

@@ -54,6 +54,8 @@ def _line(seen: Observed, *, log_prompts: bool) -> dict[str, object]:
         extra["body_head"] = seen.body_head.decode(errors="replace")
     if split is not None:
         extra["pd"] = {"prefill": split.prefill, "reason": split.reason.value, "uncached": split.uncached_tokens}
+    if decision.due_s:  # chains' calls due where this request could go (``scheduling.due_calls``)
+        extra["due_s"] = {e: round(v, 4) for e, v in decision.due_s.items()}
     return {
         **extra,
         "request_id": routing.request_id,

@@ -60,6 +60,9 @@ class LoadSnapshot:
     inflight_requests: int = 0  # routed by us since what the last scrape can show (InflightLoad)
     prefill_busy_s: float = 0.0  # until the predicted first token of the last request we routed (InflightLoad)
     queued_prefill_tokens: float = 0.0  # uncached prompt tokens we estimate are still ahead in its queue
+    # seconds until each chain's next call is expected here (negative: a little late), from what we routed
+    # (``scheduling.due_calls``); empty when no chain is measured
+    calls_due_s: tuple[float, ...] = ()
 
 
 class Role(enum.StrEnum):
@@ -200,6 +203,9 @@ class Decision:
     estimates_s: Mapping[EndpointId, float] = field(default_factory=dict)
     # {endpoint: weighted scorer total}, higher is better (the weighted profile; empty otherwise)
     scores: Mapping[EndpointId, float] = field(default_factory=dict)
+    # {endpoint: seconds}, what going there would cost chains' calls due there, added to the estimate to rank
+    # (the TTFT profile, ``scheduling.due_calls``; only the endpoints where it is not 0)
+    due_s: Mapping[EndpointId, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,9 @@ with a TTFT target, while the warm estimate meets the target), because keeping a
 prefill work for the requests that follow; it leaves earlier (reason ``move``) for an idle endpoint where copying
 the prefix, spread over the prefix's measured reuse, costs less than the warm endpoint's queue
 (``scheduling/sessions.py``). A match below ``min_prefix_share`` of the prompt (a shared system
-prompt, say) does not make an endpoint warm: such a request is routed by load. ``WeightedProfile`` is the
+prompt, say) does not make an endpoint warm: such a request is routed by load. Every choice ranks a candidate by
+its estimate plus what going there costs chains' calls due there (``scheduling/due_calls.py``; 0 without
+chains); the estimate alone is the request's predicted TTFT. ``WeightedProfile`` is the
 classic weighted-scorer blend.
 
 The profiles have no defaults of their own: ``scheduling.build.build_profile`` fills them from the validated
@@ -21,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from extproc.errors import NoEndpoint, Overloaded
+from extproc.scheduling.due_calls import collision_s
 from extproc.scheduling.estimate import EstimatorParams, cached_tokens, copy_fits, estimate_ttft_s
 from extproc.scheduling.scorers import SCORERS
 from extproc.scheduling.sessions import floor_share, invested_estimates
@@ -59,43 +62,46 @@ class TtftProfile:
             c.endpoint.id: estimate_ttft_s(c, request.prompt_tokens, request.block_size, self.params, share)
             for c in candidates
         }
-        best = min(est.values())
-        pick, reason = self._pick(request, candidates, est, best, rng)
+        # Ranked by the estimate plus what going there costs the chains' calls due there (0 without chains);
+        # the estimate alone is this request's predicted TTFT (reported, learned from, and its TTFT target's).
+        due = {c.endpoint.id: collision_s(request, c, est[c.endpoint.id]) for c in candidates}
+        rank = {e: est[e] + due[e] for e in est}
+        pick, reason = self._pick(request, candidates, _Priced(est, due, rank), rng)
         # Judged on the pick, not the best: a request held on its busy warm endpoint is the one that waits.
         if request.tenant.priority < 0 and est[pick] > self.shed_ttft_s:
             raise Overloaded(f"all endpoints busy (estimated TTFT {est[pick]:.1f}s); sheddable request refused")
-        return _decision(request, candidates, pick, reason, est, self.fallbacks, estimates_s=est)
+        due_s = {e: v for e, v in due.items() if v > 0}
+        return _decision(request, candidates, pick, reason, rank, self.fallbacks, estimates_s=est, due_s=due_s)
 
     def _pick(
-        self,
-        request: RoutingRequest,
-        candidates: Sequence[Candidate],
-        est: Mapping[EndpointId, float],
-        best: float,
-        rng: random.Random,
+        self, request: RoutingRequest, candidates: Sequence[Candidate], priced: _Priced, rng: random.Random
     ) -> tuple[EndpointId, Reason]:
+        rank = priced.rank  # what the choice compares (``_decide``)
+        best = min(rank.values())
         if request.prompt_tokens == 0:
-            return _spread(est, best, self.tie_epsilon_s, rng), Reason.NO_TOKENS
-        warm = max(candidates, key=lambda c: (c.cached_blocks, -est[c.endpoint.id]))
+            return _spread(rank, best, self.tie_epsilon_s, rng), Reason.NO_TOKENS
+        warm = max(candidates, key=lambda c: (c.cached_blocks, -rank[c.endpoint.id]))
         share = cached_tokens(warm, request.prompt_tokens, request.block_size) / request.prompt_tokens
         if share < self.min_prefix_share:  # e.g. only a shared system prompt: cold, a new prefix to place
-            return self._place(request, candidates, est, best, rng), Reason.LOAD
-        warm_est = est[warm.endpoint.id]
+            return self._place(request, candidates, rank, best, rng), Reason.LOAD
+        warm_rank = rank[warm.endpoint.id]
         target = request.tenant.ttft_target_s
-        if target is not None and warm_est <= target:
+        if target is not None and priced.estimate[warm.endpoint.id] <= target:
             return warm.endpoint.id, Reason.CACHE
-        move = self._move_costs(request, candidates, warm, est)
-        if warm_est <= best + self.stickiness_s:  # worth staying by the request's own estimate; the prefix's?
+        move = self._move_costs(request, candidates, warm, rank)
+        if warm_rank <= best + self.stickiness_s:  # worth staying by the request's own rank; the prefix's?
             allowed = [c for c in candidates if c.endpoint.id in move]
-            lasting_s = self._lasting_s(request, warm)
+            lasting_s = self._lasting_s(request, warm) + priced.due[warm.endpoint.id]
             holders = [c for c in candidates if c.cached_blocks == warm.cached_blocks]
-            invested = invested_estimates(request, warm, allowed, est, self.params, lasting_s, holders)
+            invested = invested_estimates(
+                request, warm, allowed, priced.estimate, self.params, lasting_s, holders, due=priced.due
+            )
             if invested and min(invested.values()) < lasting_s - self.tie_epsilon_s:
                 return _spread(invested, min(invested.values()), self.tie_epsilon_s, rng), Reason.MOVE
             return warm.endpoint.id, Reason.CACHE
         best_move = min(move.values())  # the warm endpoint is always a "move" at its own estimate
-        if warm_est <= best_move + self.stickiness_s:
-            return warm.endpoint.id, Reason.HOLD if warm_est > best + self.stickiness_s else Reason.CACHE
+        if warm_rank <= best_move + self.stickiness_s:
+            return warm.endpoint.id, Reason.HOLD if warm_rank > best + self.stickiness_s else Reason.CACHE
         return _spread(move, best_move, self.tie_epsilon_s, rng), Reason.SPILL
 
     def _lasting_s(self, request: RoutingRequest, warm: Candidate) -> float:
@@ -150,6 +156,16 @@ class TtftProfile:
 
 
 @dataclass(frozen=True, slots=True)
+class _Priced:
+    """One decision's prices per candidate: this request's TTFT estimate, what going there costs the calls due
+    there (``due_calls.collision_s``), and their sum, which the choice compares."""
+
+    estimate: Mapping[EndpointId, float]
+    due: Mapping[EndpointId, float]
+    rank: Mapping[EndpointId, float]
+
+
+@dataclass(frozen=True, slots=True)
 class WeightedProfile:
     """Score each candidate with weighted scorers in [0, 1] (higher is better) and take the maximum."""
 
@@ -188,6 +204,7 @@ def _decision(
     *,
     estimates_s: Mapping[EndpointId, float] | None = None,
     scores: Mapping[EndpointId, float] | None = None,
+    due_s: Mapping[EndpointId, float] | None = None,
 ) -> Decision:
     """Both profiles' epilogue: the pick, ``fallbacks`` more by ``order`` (lower first), the pick's cached
     tokens, and the numbers behind the decision under the name of what they mean."""
@@ -198,6 +215,7 @@ def _decision(
         cached_tokens=cached_tokens(chosen, request.prompt_tokens, request.block_size),
         estimates_s=estimates_s or {},
         scores=scores or {},
+        due_s=due_s or {},
     )
 
 

@@ -41,12 +41,15 @@ def invested_estimates(
     params: EstimatorParams,
     lasting_s: float,
     holders: Sequence[Candidate] = (),
+    due: Mapping[EndpointId, float] | None = None,
 ) -> dict[EndpointId, float]:
     """Per target other than ``warm`` that would copy part of its prefix: the target's estimate as if it held
     that prefix, plus twice its copy spread over the prefix's reuse (module docstring). ``est``: the plain
     estimates (with the request's ``floor_share``, as the as-if one), whose difference from the as-if one is the
     copy; ``lasting_s``: the warm endpoint's estimate against load that lasts, the queue a move avoids;
-    ``holders``: the candidates that hold as much of the prompt as ``warm`` (``_reused_on``)."""
+    ``holders``: the candidates that hold as much of the prompt as ``warm`` (``_reused_on``); ``due``: what
+    going to each target costs the calls due there (``due_calls.collision_s``), added as it is to
+    ``lasting_s``."""
     used = _reused_on(request, warm, holders)
     reuse = 1.0 + lasting_hits(request, used, lasting_s)
     if used.prefix_hits > 0:  # a shared prefix: each use starts a chain, which brings its measured calls along
@@ -59,7 +62,7 @@ def invested_estimates(
         held = replace(c, cached_blocks=warm.cached_blocks)
         as_if = estimate_ttft_s(held, request.prompt_tokens, request.block_size, params, share)
         copy_s = max(est[c.endpoint.id] - as_if, 0.0)
-        out[c.endpoint.id] = as_if + 2 * copy_s / reuse
+        out[c.endpoint.id] = as_if + 2 * copy_s / reuse + (due or {}).get(c.endpoint.id, 0.0)
     return out
 
 

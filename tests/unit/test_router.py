@@ -302,7 +302,9 @@ async def test_the_decisions_tell_the_next_how_long_chains_run() -> None:
         now[0] = at
         router._deps.preparer.tokens = tokens  # type: ignore[attr-defined]
         reasons.append((await router.route(post())).headers["x-router-reason"])  # type: ignore[union-attr]
-    assert reasons == ["load", "cache", "cache", "cache", "load"]
+    # the question leaves the document's endpoint, where the second call's continuation is due by then
+    # (``scheduling.due_calls``): a move, warm and a start all the same
+    assert reasons == ["load", "cache", "move", "cache", "load"]
 
     def blend(seen: int, continued: int, old_starts: int) -> float:
         # the ratio (one start counted in advance, fading by 1/64 per decision) blended by how full the window
@@ -316,6 +318,52 @@ async def test_the_decisions_tell_the_next_how_long_chains_run() -> None:
         blend(3, 1, 1),  # at 2.5 s: the question (2.0 s) is younger than the gap, not counted yet
         blend(4, 2, 2),  # at 3.0 s, gaps [1.0, 0.5]: both starts count
     ])  # fmt: skip
+
+
+async def test_each_candidate_carries_the_chains_calls_due_on_it(caplog: pytest.LogCaptureFixture) -> None:
+    """A chain's call is due on the endpoint its last call went to, the measured time after that call's predicted
+    first token (``scheduling.due_calls``); the chain's own next call is not due beside itself. What going
+    where a call is due would cost it is in the decision line."""
+    now = [0.0]
+    clock = lambda: now[0]  # noqa: E731
+    router, _, _ = make_router(hot_blocks=HotBlocks(lambda endpoint: 1024, clock=clock), clock=clock)
+    real = router.decider._deps.profile  # type: ignore[attr-defined]
+    seen: list[tuple[dict[EndpointId, tuple[float, ...]], Decision]] = []
+
+    class Spy:
+        def decide(self, request: RoutingRequest, candidates: Sequence[Candidate], rng: random.Random) -> Decision:
+            decision = real.decide(request, candidates, rng)
+            seen.append(({c.endpoint.id: c.load.calls_due_s for c in candidates}, decision))
+            return decision  # type: ignore[no-any-return]
+
+    router.decider._deps = dataclasses.replace(router.decider._deps, profile=Spy())  # type: ignore[attr-defined]
+    first = list(range(320))  # placed cold at 0 s
+    second = first + list(range(1000, 1200))  # continues it at 1 s
+    third = second + list(range(2000, 2200))  # continues the second at 1.5 s
+    for at, tokens in [(0.0, first), (1.0, second), (1.5, list(range(90000, 90400))), (1.5, third)]:
+        now[0] = at
+        router._deps.preparer.tokens = tokens  # type: ignore[attr-defined]
+        await router.route(post())
+    first_token = [decision.estimates_s[decision.endpoints[0]] for _, decision in seen]
+    after_s = 1.0 - first_token[0]  # the first call's predicted first token to the second call
+    home = seen[1][1].endpoints[0]
+    assert seen[0][0] == {A: (), B: ()} and seen[1][0] == {A: (), B: ()}  # nothing measured yet
+    # a request that shares nothing, at 1.5 s: the second call's continuation is due on its endpoint
+    assert seen[2][0][home] == pytest.approx((1.0 + first_token[1] + after_s - 1.5,))
+    assert seen[2][0][B if home == A else A] == ()
+    # the second call's continuation at 1.5 s is not due beside itself; the request that shares nothing went to
+    # the endpoint with no hot prefix, and its call is due there
+    other = seen[2][1].endpoints[0]
+    assert other != home
+    assert seen[3][0] == {home: (), other: pytest.approx((first_token[2] + after_s,))}
+    # a new request 10 ms before the third call's continuation is due on its endpoint: the decision line says
+    # what going there costs that call
+    now[0] = 1.5 + first_token[3] + after_s - 0.01
+    router._deps.preparer.tokens = list(range(70000, 70400))  # type: ignore[attr-defined]
+    with caplog.at_level(logging.INFO, logger="extproc.decision"):
+        await router.route(post())
+    line = json.loads(caplog.records[-1].getMessage())
+    assert line["due_s"][home] > 0
 
 
 async def test_each_candidate_carries_its_prefix_hits_and_their_gap_and_the_request_how_full_the_window_is() -> None:

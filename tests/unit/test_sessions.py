@@ -46,10 +46,11 @@ def cand(
     hot: int | None = 0,
     cost: LearnedCost | None = None,
     busy: float = 0.0,
+    due: tuple[float, ...] = (),
 ) -> Candidate:
     load = LoadSnapshot(
         known=True, queued_prefill_tokens=queued, running=running, waiting=waiting, inflight_requests=inflight,
-        prefill_busy_s=busy,
+        prefill_busy_s=busy, calls_due_s=due,
     )  # fmt: skip
     endpoint = Endpoint(eid, num_gpu_blocks=1024)
     return Candidate(
@@ -111,6 +112,14 @@ CHAINS = [
     # without chains a second holder's copy reads its own hits: no third copy for a one-off question
     ([cand(A, 64, hits=6, busy=0.06, running=4), cand(B, 64, busy=0.04), cand(C, 0)], 1280, 0.0, B, Reason.CACHE,
      "without-chains-no-third-copy"),
+    # another chain's next call is due on A in 10 ms, before this start's first token: it would wait for this
+    # prefill, and the two chains would meet on every call (``scheduling.due_calls``)
+    ([cand(A, 64, hits=4, due=(0.01,)), cand(B, 0)], 1280, 4.0, B, Reason.MOVE, "start-before-a-due-call-copies"),
+    ([cand(A, 64, hits=4, due=(0.01,)), cand(B, 0)], 1280, 0.0, A, Reason.CACHE, "due-calls-without-chains-stay"),
+    ([cand(A, 64, hits=4, due=(0.5,)), cand(B, 0)], 1280, 4.0, A, Reason.CACHE, "a-call-due-after-it-stays"),
+    # two holders: the one where no call is due, though its estimate is a little higher
+    ([cand(A, 64, hits=3, due=(0.01,)), cand(B, 64, hits=3, running=2)], 1280, 4.0, B, Reason.CACHE,
+     "of-two-holders-the-one-no-call-is-due-on"),
 ]  # fmt: skip
 
 
