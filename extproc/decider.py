@@ -464,9 +464,10 @@ class LocalDecider:
         since_s = self._extended_since_s(routing, decision, now)
         continued = since_s is not None or self._continued(routing, decision)
         self._reuse.decided(decision.reason, continued=continued, at_s=now, gap_s=since_s)
+        after_s = None
         if since_s is not None:
             extended = routing.block_hashes[decision.cached_tokens // routing.block_size - 1]
-            self._due.continued(extended, len(routing.block_hashes), now)
+            after_s = self._due.continued(extended, len(routing.block_hashes), now)
         self._prompt_ends.routed(routing.block_hashes, now)
         self._deps.metrics.placement_followers.set(self._reuse.followers())
         self._deps.metrics.chain_followers.set(self._reuse.chain_followers(now))
@@ -474,7 +475,7 @@ class LocalDecider:
         first_token_in_s = None if prefilled_elsewhere else decision.estimates_s.get(pick)  # busy prefilling it
         self._deps.inflight.add(pick, uncached, first_token_in_s)
         if first_token_in_s is not None:
-            self._due.routed(pick, routing.block_hashes, now, first_token_in_s)
+            self._due.routed(pick, routing.block_hashes, now, first_token_in_s, after_s)
         if self._deps.hot_blocks is not None:
             placed = decision.reason == Reason.LOAD
             self._deps.hot_blocks.routed(

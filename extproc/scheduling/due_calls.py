@@ -11,7 +11,12 @@ runs *now*; a call that is due in the next few tens of milliseconds shows in no 
 23-40 ms before this chain's next call (``bench/results/chain-starts``).
 
 ``DueCalls`` (the decider's state) remembers each routed request's endpoint and predicted first token, and
-measures the time from a call's predicted first token to the call that continues it (its mean, ``after_s``).
+measures the time from a call's predicted first token to the call that continues it. A chain's next call is
+expected that long after its last call's first token as the chain itself last measured it, and as all chains
+do on average (``after_s``) before it measured any: the time is mostly the call's decode, which the endpoint's
+batch sets. On agents at 6 req/s (``bench/results/due-calls``) the mean of all chains put a call that came
+42 ms after a start beyond the start's first token (92 ms away), 50 ms or more off; the chain's own last time
+was 5 ms off.
 ``collision_s`` (pure) prices a candidate: each call due there before this request's own first token waits for
 it, weighed by how likely a call is followed at all and by the busy floor's share (``sessions.floor_share``):
 what recurs on every call counts as far as requests continue chains. With no chains measured it is 0, and
@@ -42,6 +47,7 @@ class _Call:
     endpoint: EndpointId
     first_token_at_s: float  # predicted, on the decider's clock
     blocks: int  # the prompt's full blocks: a continuation's hashes hold this call's last one at ``blocks - 1``
+    after_s: float | None  # the time its chain took from its last call's first token to it; None: a first call
 
 
 class DueCalls:
@@ -59,56 +65,68 @@ class DueCalls:
         """Mean seconds from a call's predicted first token to the call that continued it; None until one did."""
         return self._after_s
 
-    def routed(self, endpoint: EndpointId, hashes: Sequence[BlockHash], now_s: float, first_token_in_s: float) -> None:
+    def routed(
+        self,
+        endpoint: EndpointId,
+        hashes: Sequence[BlockHash],
+        now_s: float,
+        first_token_in_s: float,
+        after_s: float | None = None,
+    ) -> None:
         """A request whose prompt's full blocks are ``hashes`` went to ``endpoint`` at ``now_s``, its first token
-        predicted ``first_token_in_s`` later."""
+        predicted ``first_token_in_s`` later; ``after_s``: what ``continued`` measured for it, if it continues a
+        chain."""
         if not hashes:
             return
         last = hashes[-1]
-        self._calls[last] = _Call(endpoint, now_s + max(first_token_in_s, 0.0), len(hashes))
+        self._calls[last] = _Call(endpoint, now_s + max(first_token_in_s, 0.0), len(hashes), after_s)
         self._calls.move_to_end(last)
         self._forget_old(now_s)
 
-    def continued(self, block: BlockHash, blocks: int, now_s: float) -> None:
+    def continued(self, block: BlockHash, blocks: int, now_s: float) -> float | None:
         """A request routed at ``now_s``, whose prompt has ``blocks`` full blocks, extends the remembered prompt
-        ending in ``block``: that call is no longer due, and the time since its predicted first token is one
-        measurement of ``after_s``. A request no longer than that prompt repeats it (a retry, the same question
-        again): no chain's next call, and nothing is measured (repeats sent back to back read as calls due at
-        once, and two replicas that each saw their own spread a burst unevenly)."""
+        ending in ``block``: that call is no longer due, and the time since its predicted first token is
+        measured, returned (for ``routed``) and counted in ``after_s``. A request no longer than that prompt
+        repeats it (a retry, the same question again): no chain's next call, and nothing is measured (repeats
+        sent back to back read as calls due at once, and two replicas that each saw their own spread a burst
+        unevenly). None when nothing was measured."""
         call = self._calls.get(block)
         if call is None or blocks <= call.blocks:
-            return
+            return None
         del self._calls[block]
         sample = max(now_s - call.first_token_at_s, 0.0)
         mean = self._after_s
         self._after_s = sample if mean is None else mean + _MEAN_WEIGHT * (sample - mean)
+        return sample
 
     def due_s(self, hashes: Sequence[BlockHash], now_s: float) -> dict[EndpointId, tuple[float, ...]]:
         """Per endpoint, seconds from ``now_s`` until each call expected there (negative: late, by at most
-        ``LATE_SHARE`` of ``after_s``), leaving out the one a request with ``hashes`` would itself be (it
+        ``LATE_SHARE`` of the time expected), leaving out the one a request with ``hashes`` would itself be (it
         extends that call's prompt). Empty until ``after_s`` is measured."""
-        after = self._after_s
-        if after is None:
+        mean = self._after_s
+        if mean is None:
             return {}
-        late = LATE_SHARE * after
         out: dict[EndpointId, list[float]] = {}
         for block, call in self._calls.items():
+            after = mean if call.after_s is None else call.after_s
             due = call.first_token_at_s + after - now_s
-            if due < -late or (call.blocks <= len(hashes) and hashes[call.blocks - 1] == block):
+            if due < -LATE_SHARE * after or (call.blocks <= len(hashes) and hashes[call.blocks - 1] == block):
                 continue
             out.setdefault(call.endpoint, []).append(due)
         return {endpoint: tuple(due) for endpoint, due in out.items()}
 
     def _forget_old(self, now_s: float) -> None:
         """Past the memory, the oldest; once ``after_s`` is measured, also the oldest whose call is past due by
-        more than twice it (a continuation that late is not measured: it is no longer a chain's next call)."""
+        more than twice the time expected (a continuation that late is not measured: it is no longer a chain's
+        next call)."""
         while len(self._calls) > self._memory:
             self._calls.popitem(last=False)
-        after = self._after_s
-        if after is None:
+        mean = self._after_s
+        if mean is None:
             return
         while self._calls:
             oldest = next(iter(self._calls.values()))
+            after = mean if oldest.after_s is None else oldest.after_s
             if oldest.first_token_at_s + 3 * after >= now_s:
                 return
             self._calls.popitem(last=False)

@@ -73,6 +73,20 @@ def test_a_late_call_counts_a_while_then_reads_as_a_chain_that_ended() -> None:
     assert due.due_s(OTHER, 2.3 + late * 1.1) == {}
 
 
+def test_a_chain_is_due_after_its_own_last_time() -> None:
+    due = measured()  # the chain's second call came 1.0 s after the first's first token
+    assert due.continued(FIRST[-1], len(SECOND), 1.5) is None  # consumed already
+    due.routed(A, SECOND, 1.1, 0.2, after_s=1.0)
+    due.routed(B, OTHER, 1.2, 0.1)  # a first call: due after the mean
+    due.continued(BlockHash(70), 2, 1.3)  # unknown: nothing measured
+    # another chain measured 3 s: the mean moves to 1.2 s, the chain that took 1.0 s is still due after 1.0 s
+    due.routed(A, blocks(50), 1.3, 0.1)
+    assert due.continued(BlockHash(50), 2, 1.4 + 3.0) == pytest.approx(3.0)
+    assert due.after_s == pytest.approx(1.2)
+    assert due.due_s(blocks(80), 2.0) == {A: pytest.approx((1.1 + 0.2 + 1.0 - 2.0,)),
+                                          B: pytest.approx((1.2 + 0.1 + 1.2 - 2.0,))}  # fmt: skip
+
+
 def test_the_measured_time_is_a_running_mean() -> None:
     due = measured()
     due.routed(A, SECOND, 1.1, 0.2)

@@ -356,9 +356,9 @@ async def test_each_candidate_carries_the_chains_calls_due_on_it(caplog: pytest.
     other = seen[2][1].endpoints[0]
     assert other != home
     assert seen[3][0] == {home: (), other: pytest.approx((first_token[2] + after_s,))}
-    # a new request 10 ms before the third call's continuation is due on its endpoint: the decision line says
-    # what going there costs that call
-    now[0] = 1.5 + first_token[3] + after_s - 0.01
+    # a new request 10 ms before the third call's continuation is due on its endpoint (after the time the chain
+    # itself last took): the decision line says what going there costs that call
+    now[0] = 1.5 + first_token[3] + (1.5 - 1.0 - first_token[1]) - 0.01
     router._deps.preparer.tokens = list(range(70000, 70400))  # type: ignore[attr-defined]
     with caplog.at_level(logging.INFO, logger="extproc.decision"):
         await router.route(post())
