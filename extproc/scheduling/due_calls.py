@@ -12,11 +12,11 @@ runs *now*; a call that is due in the next few tens of milliseconds shows in no 
 
 ``DueCalls`` (the decider's state) remembers each routed request's endpoint and predicted first token, and
 measures the time from a call's predicted first token to the call that continues it. A chain's next call is
-expected that long after its last call's first token as the chain itself last measured it, and as all chains
-do on average (``after_s``) before it measured any: the time is mostly the call's decode, which the endpoint's
-batch sets. On agents at 6 req/s (``bench/results/due-calls``) the mean of all chains put a call that came
-42 ms after a start beyond the start's first token (92 ms away), 50 ms or more off; the chain's own last time
-was 5 ms off.
+expected after its last call's first token by the time the chain itself took last; after a chain's first call,
+by the mean over all chains (``after_s``). The time is mostly the call's decode, which the endpoint's batch
+sets: on agents at 6 req/s (``bench/results/due-calls``) the mean put a call that came 42 ms after a start
+beyond the start's first token (92 ms away), 50 ms or more off, where the chain's own last time was 5 ms off.
+
 ``collision_s`` (pure) prices a candidate: each call due there before this request's own first token waits for
 it, weighed by how likely a call is followed at all and by the busy floor's share (``sessions.floor_share``):
 what recurs on every call counts as far as requests continue chains. With no chains measured it is 0, and
