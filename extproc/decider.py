@@ -17,7 +17,7 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from extproc import wire
@@ -266,7 +266,12 @@ class LocalDecider:
             queued = view.tokens if view is not None else {}
             candidates[:] = [
                 self._candidate(
-                    states[e.id], hashes, matches.get(e.id, 0), queued.get(e.id, 0.0), e.id in precise, due.get(e.id)
+                    states[e.id],
+                    hashes,
+                    matches.get(e.id, 0),
+                    queued.get(e.id, 0.0),
+                    e.id in precise,
+                    due.get(e.id, ()),
                 )
                 for e in endpoints
             ]
@@ -397,12 +402,11 @@ class LocalDecider:
         cached_blocks: int,
         shared_queued: float = 0.0,
         precise: bool = False,
-        calls_due_s: tuple[float, ...] | None = None,
+        calls_due_s: tuple[float, ...] = (),
     ) -> Candidate:
         eid = record.endpoint.id
-        load = snapshot(record, self._deps.inflight, shared_queued, self._clock(), self._settings.stale_after_s)
-        if calls_due_s:
-            load = replace(load, calls_due_s=calls_due_s)
+        now, stale_after_s = self._clock(), self._settings.stale_after_s
+        load = snapshot(record, self._deps.inflight, shared_queued, now, stale_after_s, calls_due_s)
         occupancy = self._deps.occupancy
         shares = occupancy.view(eid) if occupancy is not None else None
         hot, hits, gap_s = None, 0, None
@@ -461,12 +465,12 @@ class LocalDecider:
         see its own first pick). With Redis the write waits on I/O and stays in the background."""
         pick = decision.endpoints[0]
         now = self._clock()
-        since_s = self._extended_since_s(routing, decision, now)
+        extended = self._extended(routing, decision)
+        since_s = None if extended is None else self._prompt_ends.since_s(extended, now)
         continued = since_s is not None or self._continued(routing, decision)
         self._reuse.decided(decision.reason, continued=continued, at_s=now, gap_s=since_s)
         after_s = None
-        if since_s is not None:
-            extended = routing.block_hashes[decision.cached_tokens // routing.block_size - 1]
+        if extended is not None and since_s is not None:
             after_s = self._due.continued(extended, len(routing.block_hashes), now)
         self._prompt_ends.routed(routing.block_hashes, now)
         self._deps.metrics.placement_followers.set(self._reuse.followers())
@@ -493,14 +497,14 @@ class LocalDecider:
             ttl = self._settings.burst_mark_ttl_s if live else self._settings.approx_ttl_s
             await self._write(self._deps.approx.store(pick, routing.block_hashes, ttl_s=ttl, chain=_FROM_ROOT))
 
-    def _extended_since_s(self, routing: RoutingRequest, decision: Decision, now: float) -> float | None:
-        """For a warm decision whose cached prefix ends where a recent request's prompt ended (it extends that
-        whole prompt: a chain's next call, even after a first call that was placed cold), the time since that
-        request was routed; else ``None``."""
+    def _extended(self, routing: RoutingRequest, decision: Decision) -> BlockHash | None:
+        """For a warm decision, the last block of its cached prefix: where it extends a recent request's whole
+        prompt if one ended there (``PromptEnds``; a chain's next call, even after a first call that was placed
+        cold); ``None`` for a cold one or none cached."""
         cached_blocks = decision.cached_tokens // routing.block_size
         if decision.reason == Reason.LOAD or not 0 < cached_blocks <= len(routing.block_hashes):
             return None
-        return self._prompt_ends.since_s(routing.block_hashes[cached_blocks - 1], now)
+        return routing.block_hashes[cached_blocks - 1]
 
     def _continued(self, routing: RoutingRequest, decision: Decision) -> bool:
         """Whether the pick's cached prefix ends in blocks that one earlier request stored there and nobody hit

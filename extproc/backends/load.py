@@ -26,14 +26,20 @@ class RoutedLoad(Protocol):
 
 
 def snapshot(
-    record: EndpointRecord, routed: RoutedLoad, shared_queued: float, now_s: float, stale_after_s: float
+    record: EndpointRecord,
+    routed: RoutedLoad,
+    shared_queued: float,
+    now_s: float,
+    stale_after_s: float,
+    calls_due_s: tuple[float, ...] = (),
 ) -> LoadSnapshot:
     """The load the profile sees for ``record``'s endpoint at ``now_s``.
 
     Scraped numbers count only while fresh (``stale_after_s``); unknown load reads as zeros with ``known``
     False (the estimator adds its own penalty for it). The prefill queued ahead is the largest of three views
     of the same queue: our own virtual queue, every replica's shared one (``shared_queued``, 0 when unshared),
-    and the scraped waiting requests at our running mean of uncached tokens per request.
+    and the scraped waiting requests at our running mean of uncached tokens per request. ``calls_due_s``: the
+    chains' calls due there (``scheduling.due_calls``), passed through.
     """
     eid = record.endpoint.id
     known = record.load_known(now_s, stale_after_s)
@@ -49,4 +55,5 @@ def snapshot(
         inflight_requests=routed.routed_since_scrape(eid),
         prefill_busy_s=routed.busy_s(eid),
         queued_prefill_tokens=queued,
+        calls_due_s=calls_due_s,
     )
