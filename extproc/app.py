@@ -110,7 +110,7 @@ class App:
             on_send=self.inflight.scrape_sent,
             on_scrape=self.inflight.scraped,
             on_down=lambda eid: self.lifecycle.down(eid),
-            on_round=lambda: self.feed.subscriber.pace(),  # the events that arrived, read in the round's wake-up
+            on_round=self._on_round,
         )
         self.discoveries = [self._dns_discovery(i, dns) for i, dns in enumerate(config.discovery.names())]
         self._found: dict[int, frozenset[EndpointId]] = {}  # {discovery index: what it found last}
@@ -184,6 +184,12 @@ class App:
         kv = dns.kv_events_for(eid.rpartition(":")[0]) if dns else None
         return None if kv is None else EventSource(eid, kv.endpoint, kv.replay_endpoint, topic=kv.topic)
 
+    def _on_round(self) -> None:
+        """In each scrape round's wake-up (one timer for all of them): the KV events that arrived since the last
+        round are read, and the decisions queued for the ceiling estimate reach it."""
+        self.feed.subscriber.pace()
+        self.status.tick()
+
     def _kv_counters(self) -> list[tuple[str, object]]:
         """The write path's counters, exported as ``router_kv_<group>_<field>``."""
         return [*self.feed.counters(), *self.indexes.counters]
@@ -234,7 +240,6 @@ class App:
             await discovery.start()
         await self.scraper.start()
         self.feed.start()
-        self.status.start()
         if self.config.workers.fronts:
             self.workers = FrontWorkers(self.config, self._base, self.decider, self.metrics.registry)
         else:
@@ -322,7 +327,6 @@ class App:
             await self._metrics_runner.cleanup()
         await self.scraper.stop()
         await self.router.drain()
-        await self.status.stop()
         await self.lifecycle.stop()
         await self.feed.stop()
         await self.indexes.close()

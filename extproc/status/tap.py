@@ -3,7 +3,7 @@
 When: ``decided`` is called once per routed request, from ``Router._observe``, on the event loop. It does O(1)
 work (a few dict increments, two bounded ring appends) and keeps references, never copies: the request hot
 path must not pay for observability. Everything else (ratios, the ceiling, the page) happens when a scrape or
-a page view reads it, or in the composition root's ceiling loop (``drain_ceiling``).
+a page view reads it, or when the composition root feeds the ceiling in a scrape round (``drain_ceiling``).
 
 Label cardinality is bounded: endpoints are the registry's, models the configured ones (unknown models are
 refused before a decision), and tenants are reported by *class*: a tenant id named in ``tenants.classes``, or
@@ -22,7 +22,7 @@ from extproc.status.ceiling import CeilingEstimator, CeilingRequest
 from extproc.types import Decision, EndpointId, RoutingRequest
 
 RECENT_DECISIONS = 50  # shown on the status page
-CEILING_QUEUE = 4096  # requests waiting for the ceiling loop; beyond it the oldest are dropped (counted)
+CEILING_QUEUE = 4096  # requests waiting for the ceiling's feed; beyond it the oldest are dropped (counted)
 CEILING_QUEUE_BLOCKS = 1 << 18  # ... and at most this many block hashes held by them (~12 MiB; long prompts)
 _K = TypeVar("_K", bound=Hashable)
 
@@ -120,7 +120,7 @@ class DecisionTap:
 
     def drain_ceiling(self, max_blocks: int) -> None:
         """Feed queued requests to the ceiling estimator, at most ``max_blocks`` block look-ups per call (the
-        rest wait for the next call). When: from the composition root's ceiling loop, about once a second."""
+        rest wait for the next call). When: ``FleetStatus.tick``, in a scrape round every ``CEILING_EVERY_S`` or so."""
         budget = max_blocks
         while self._queue and budget > 0:
             p = self._queue.popleft()

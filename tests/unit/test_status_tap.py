@@ -8,10 +8,11 @@ import pytest
 
 from bench.suite.workloads import ceiling_share
 from extproc.status.ceiling import MARK_STRIDE, CeilingEstimator, CeilingRequest
+from extproc.status.service import CEILING_BLOCKS_PER_TICK, CEILING_EVERY_S, FleetStatus
 from extproc.status.tap import DecisionTap, tenant_classes
 from extproc.status.windows import Windows, ratio
 from extproc.types import BlockHash, Reason
-from tests.support.fleet import A, B, decide
+from tests.support.fleet import A, B, decide, make_fleet
 
 
 def _chain(ids: list[int], block: int = 16) -> list[BlockHash]:
@@ -76,6 +77,25 @@ def test_the_ceiling_drain_has_a_budget() -> None:
     assert tap.queued() == 1
     tap.drain_ceiling(max_blocks=7)
     assert tap.queued() == 0 and tap.ceiling.totals[("m", "default")].requests == 3
+
+
+def test_the_status_feeds_the_ceiling_once_a_period_and_more_after_a_longer_one() -> None:
+    fleet = make_fleet()
+    status = FleetStatus(fleet.sources, clock=fleet.clock)
+    per_request = CEILING_BLOCKS_PER_TICK // 4
+    for _ in range(12):
+        decide(fleet.tap, A, 100, 0, hashes=range(per_request))
+    status.tick()  # the first round starts the clock: nothing fed yet
+    assert fleet.tap.queued() == 12
+    fleet.clock.now += CEILING_EVERY_S / 2
+    status.tick()  # rounds come more often than the period: this one feeds nothing
+    assert fleet.tap.queued() == 12
+    fleet.clock.now += CEILING_EVERY_S / 2
+    status.tick()  # a period: one budget, four requests
+    assert fleet.tap.queued() == 8
+    fleet.clock.now += 2 * CEILING_EVERY_S
+    status.tick()  # rounds two periods apart (a slow scrape interval): two budgets at once
+    assert fleet.tap.queued() == 0
 
 
 @pytest.mark.parametrize(
