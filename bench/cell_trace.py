@@ -42,11 +42,17 @@ def records(address: str, ids: list[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
+_DECISION_LOGGER = " extproc.decision "
+
+
 def decisions(log_text: str) -> dict[str, dict[str, Any]]:
-    """``{request id: decision line}`` from a picker log at INFO (other lines skipped)."""
+    """``{request id: decision line}`` from a picker log at INFO (other lines skipped). A decision line is the JSON
+    object after the ``extproc.decision`` logger's name; its optional keys (``due_s``, ``pd``, ``body_head``) come
+    before ``request_id``."""
     out: dict[str, dict[str, Any]] = {}
     for line in log_text.splitlines():
-        start = line.find('{"request_id"')
+        logger = line.find(_DECISION_LOGGER)
+        start = line.find("{", logger) if logger >= 0 else -1
         if start < 0:
             continue
         try:

@@ -9,13 +9,15 @@ from bench.suite.workloads import Call, Plan, Session
 
 def test_decision_lines_are_read_by_request_id_and_other_lines_skipped() -> None:
     line = {"request_id": "p0", "tenant": "premium", "endpoint": "a:1", "reason": "share", "ms": {"total": 0.9}}
+    due = {"due_s": {"a:1": 0.01}, "request_id": "p1", "endpoint": "a:1", "reason": "cache"}  # optional keys first
     log = "\n".join([
         "2026-12-02 05:56:25,749 INFO extproc.decision " + json.dumps(line),
+        "2026-12-02 05:56:25,749 INFO extproc.decision " + json.dumps(due),
         '2026-12-02 05:56:25,750 INFO extproc.decision {"request_id": "x", "rejected": 429, "error": "busy"}',
         "2026-12-02 05:56:25,751 INFO extproc.app ready",
         '2026-12-02 05:56:25,752 INFO extproc.decision {"request_id": "cut',
     ])  # fmt: skip
-    assert decisions(log) == {"p0": line}
+    assert decisions(log) == {"p0": line, "p1": due}
 
 
 def test_join_and_summary_split_client_ttft_into_queue_prefill_and_overhead() -> None:

@@ -9,12 +9,12 @@ says which tenant it saw.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import aiohttp
 import pytest
 
+from bench.cell_trace import decisions
 from bench.stack import Stack
 from extproc import wire
 from tests.support.chat import chat
@@ -27,13 +27,7 @@ CLASSES: dict[str, Any] = {"tenants": {"classes": {"premium": {"priority": 1}, "
 def tenants_seen(stack: Stack) -> dict[str, str]:
     """``{request id: tenant}`` from the picker's decision lines."""
     assert stack.picker is not None
-    out = {}
-    for line in stack.picker.log_text().splitlines():
-        start = line.find('{"request_id"')
-        if start >= 0 and '"tenant"' in line:
-            entry = json.loads(line[start:])
-            out[entry["request_id"]] = entry["tenant"]
-    return out
+    return {rid: line["tenant"] for rid, line in decisions(stack.picker.log_text()).items()}
 
 
 @pytest.mark.envoy
