@@ -125,8 +125,13 @@ class TtftProfile:
         endpoint for good once requests hold on their warm endpoints). That is worth giving up estimate only as
         far as requests follow new prefixes: the window is ``stickiness_s`` times the followers measured per
         placement lately (``RoutingRequest.prefix_followers``, at most one); on traffic that shares nothing it
-        closes, and placement is by estimate. Untracked hot sets: by estimate alone."""
-        window_s = self.stickiness_s * min(request.prefix_followers, 1.0)
+        closes, and placement is by estimate. And it never spans more than the work being placed (the prompt's
+        prefill at the configured rate): endpoints whose estimates differ by less than one placement are even up
+        to how placements divide, and the hot traffic decides; a larger difference is load of its own, a queue
+        that lasts (a saturated endpoint's cold placements read as few hot blocks and kept drawing more), and
+        the estimate decides. Untracked hot sets: by estimate alone."""
+        followed_s = self.stickiness_s * min(request.prefix_followers, 1.0)
+        window_s = min(followed_s, request.prompt_tokens / self.params.prefill_tokens_per_s)
         near = [c for c in candidates if est[c.endpoint.id] <= best + window_s]
         if any(c.hot_blocks is None for c in near):
             return _spread(est, best, self.tie_epsilon_s, rng)

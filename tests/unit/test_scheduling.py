@@ -104,6 +104,11 @@ TABLE = [
      [cand(A, 0, capacity=600, hot=400), cand(B, 0, queued=1000, capacity=600, hot=100)], B, Reason.LOAD),
     ("cold-prefix-not-placed-on-a-swamped-endpoint",
      [cand(A, 0, capacity=600, hot=400), cand(B, 0, queued=9000, capacity=600, hot=100)], A, Reason.LOAD),
+    # Mooncake at 16 req/s (bench/results/placement-window): B serves the least hot traffic and is within the
+    # stickiness (0.167 s worse), but by more than the prompt's own prefill (1,600 tokens, 0.133 s): a queue of
+    # its own, not a difference of one placement. By estimate.
+    ("cold-prefix-not-placed-past-its-own-work",
+     [cand(A, 0, capacity=600, hot=400), cand(B, 0, queued=2000, capacity=600, hot=100)], A, Reason.LOAD),
     # Issue 13's last cascade (bench/results/issue13-cascade): the 16th of 16 groups on 4 backends. B has the best
     # estimate (by 0.07 s) but already homes 4 groups (432 hot blocks); C homes 3. A fifth home on B overloads it
     # for the rest of the run (every later request of its groups holds there), so C.
