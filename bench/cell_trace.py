@@ -30,6 +30,7 @@ from bench.suite.client import Result, replay
 from bench.suite.fleet import Backends, start_router
 from bench.suite.policies import POLICIES
 from bench.suite.workloads import WORKLOADS, Plan
+from extproc import decision_line
 
 
 def records(address: str, ids: list[str]) -> dict[str, dict[str, Any]]:
@@ -42,7 +43,7 @@ def records(address: str, ids: list[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-_DECISION_LOGGER = " extproc.decision "
+_DECISION_LOGGER = f" {decision_line.log.name} "  # as the picker's log format writes the logger's name
 
 
 def decisions(log_text: str) -> dict[str, dict[str, Any]]:

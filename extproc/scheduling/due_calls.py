@@ -49,6 +49,11 @@ class _Call:
     blocks: int  # the prompt's full blocks: a continuation's hashes hold this call's last one at ``blocks - 1``
     after_s: float | None  # the time its chain took from its last call's first token to it; None: a first call
 
+    def expected_after_s(self, mean_s: float) -> float:
+        """Seconds from this call's first token to its chain's next call: the time its chain took last, or the
+        chains' mean ``mean_s`` after a chain's first call."""
+        return mean_s if self.after_s is None else self.after_s
+
 
 class DueCalls:
     """Each remembered request's endpoint and predicted first token, keyed by its prompt's last full block."""
@@ -108,7 +113,7 @@ class DueCalls:
             return {}
         out: dict[EndpointId, list[float]] = {}
         for block, call in self._calls.items():
-            after = mean if call.after_s is None else call.after_s
+            after = call.expected_after_s(mean)
             due = call.first_token_at_s + after - now_s
             if due < -LATE_SHARE * after or (call.blocks <= len(hashes) and hashes[call.blocks - 1] == block):
                 continue
@@ -126,7 +131,7 @@ class DueCalls:
             return
         while self._calls:
             oldest = next(iter(self._calls.values()))
-            after = mean if oldest.after_s is None else oldest.after_s
+            after = oldest.expected_after_s(mean)
             if oldest.first_token_at_s + 3 * after >= now_s:
                 return
             self._calls.popitem(last=False)
