@@ -149,7 +149,8 @@ class App:
             self.status.sections.append(lambda _view: render_section(detector.reports()))
         settings = router_settings(config)
         self.decider = LocalDecider(self._decider_deps(), settings.decider)
-        self.router = Router(self.front.deps, self.decider, settings)
+        # the load answers in by a request's headers are read while Envoy sends its body, off the decision's path
+        self.router = Router(self.front.deps, self.decider, settings, ahead_of_body=self.scraper.collect_answers)
         self._server: ExtProcServer | None = None
         self._authz: asyncio.Server | None = None
         self.authz_port: int | None = None  # the bound ext_authz port once started, when listen.authz_port is set

@@ -107,11 +107,19 @@ class Router:
         settings: RouterSettings,
         *,
         clock: Callable[[], float] = time.monotonic,
+        ahead_of_body: Callable[[], None] | None = None,
     ) -> None:
         self._deps = deps
         self.decider = decider
         self._settings = settings
         self._clock = clock
+        self._ahead_of_body = ahead_of_body
+
+    def body_coming(self) -> None:
+        """``BodyListener``: a request's body is on its way. Runs ``ahead_of_body`` (in one picker process: the
+        load answers that arrived are read now, in the round trip to Envoy, not on the decision's path)."""
+        if self._ahead_of_body is not None:
+            self._ahead_of_body()
 
     async def route(self, request: HttpRequest) -> Route | PassThrough:
         """Decide where ``request`` goes. Raises RouterError (mapped to an HTTP error by the adapter)."""

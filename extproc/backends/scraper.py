@@ -7,7 +7,8 @@ this kind of VM a wake-up of the process after a sleep costs ~0.2 ms of CPU, abo
 
 Answers from plain-http endpoints at IP addresses (the common case) are read without waiting for them
 (``deferred_reads``, on by default): a round first collects what arrived for the last one, then sends, on sockets
-the event loop does not watch; ``collect_answers`` (called before each decision) reads what arrived since. A
+the event loop does not watch; ``collect_answers`` reads what arrived since (called once a request's headers are
+answered, in the round trip before its body, and again before each decision, which then finds little). A
 decision sees the same load as if every answer had been read on arrival; the process is woken once per round
 instead of once per answer, and an answer costs no future, task step or protocol callback
 (``bench/results/scrape-cost``). (Holding the answers in asyncio transports and reading them on a timer 20 ms

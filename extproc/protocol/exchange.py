@@ -3,7 +3,8 @@
 Body modes, as Envoy states them in ``protocol_config`` on the first message:
 - NONE (and STREAMED, GRPC): decide on the headers; the body, if any, is not ours to wait for.
 - BUFFERED (and BUFFERED_PARTIAL; also assumed when Envoy sends no ``protocol_config``): answer the headers
-  with an empty reply, decide on the one body message.
+  with an empty reply, decide on the one body message (a ``BodyListener`` handler is told the body is coming
+  once the reply is out: the round trip before the body is the picker's to use).
 - FULL_DUPLEX_STREAMED: answer nothing until the body ends (``end_of_stream`` or ``request_trailers``), then
   send the headers reply carrying the decision, then echo the body back in <= 62,000-byte chunks.
 A request whose headers end the stream (``GET /v1/models``) is decided on the headers in every mode.
@@ -23,7 +24,7 @@ from google.protobuf import struct_pb2
 
 from extproc.errors import BodyTooLarge, RouterError
 from extproc.protocol import constants, inbound, outbound
-from extproc.protocol.handler import RouteHandler, ServedListener
+from extproc.protocol.handler import BodyListener, RouteHandler, ServedListener
 from extproc.protocol.pb import external_processor_pb2, processing_mode_pb2
 from extproc.types import EndpointId, Route
 
@@ -94,6 +95,8 @@ class Exchange:
             return self._finish(decision, [outbound.headers_reply(decision.common, decision.metadata)])
         if self._mode == Mode.FULL_DUPLEX_STREAMED:
             return []  # the headers reply must carry the decision: hold it until the body is complete
+        if isinstance(self._handler, BodyListener):  # after this reply is written, while Envoy sends the body
+            asyncio.get_running_loop().call_soon(self._handler.body_coming)
         return [outbound.headers_reply(pb.CommonResponse(), None)]
 
     async def _on_body(self, body: pb.HttpBody) -> Replies:

@@ -30,3 +30,17 @@ class ServedListener(Protocol):
     """
 
     def on_served(self, request_id: str, endpoint: EndpointId) -> object: ...
+
+
+@runtime_checkable
+class BodyListener(Protocol):
+    """Optional extra a ``RouteHandler`` may implement: a request's body is on its way.
+
+    When: once per request decided on its body (BUFFERED), in the event loop's turn after the one that answered
+    its headers, before the body's message is read. Our HTTP/2 server has written the headers reply to the socket
+    by then (grpc.aio may still hold it), so the picker would otherwise wait out that round trip to Envoy: work
+    done here (e.g. reading load answers that arrived) is work the decision does not do on the request's path.
+    Quick and synchronous; it must not raise.
+    """
+
+    def body_coming(self) -> None: ...

@@ -28,6 +28,20 @@ class FixedHandler:
 
 
 @dataclass
+class ListeningHandler(FixedHandler):
+    """A ``FixedHandler`` that is also a ``BodyListener``: ``events`` lists "coming" and "route" in order."""
+
+    events: list[str] = field(default_factory=list)
+
+    def body_coming(self) -> None:
+        self.events.append("coming")
+
+    async def route(self, request: HttpRequest) -> Route | PassThrough:
+        self.events.append("route")
+        return await super().route(request)
+
+
+@dataclass
 class ModelHandler:
     """A tiny router: validates an OpenAI chat body like the real one; routes ``m`` within the subset."""
 

@@ -8,7 +8,7 @@ import pytest
 from extproc.protocol import ProcessorOptions
 from extproc.protocol.pb import external_processor_pb2_grpc
 from extproc.types import PassThrough, Route
-from tests.protocol.extproc_fakes import A, B, FixedHandler, ModelHandler
+from tests.protocol.extproc_fakes import A, B, FixedHandler, ListeningHandler, ModelHandler
 from tests.protocol.extproc_wire import (
     CHAT_HEADERS,
     Mode,
@@ -83,6 +83,24 @@ async def test_buffered_answers_headers_empty_then_decides_on_body(mode: int | N
     request = handler.seen[0]
     assert (request.body, request.path, request.request_id) == (body, "/v1/chat/completions", "req-1")
     assert request.headers[":authority"] == "gw" and request.subset is None
+
+
+@pytest.mark.parametrize(
+    ("mode", "events"),
+    [(Mode.BUFFERED, ["coming", "route"]), (None, ["coming", "route"]), (Mode.NONE, ["route"]),
+     (Mode.FULL_DUPLEX_STREAMED, ["route"])],
+    ids=["buffered", "no-protocol-config", "none", "duplex"],
+)  # fmt: skip
+async def test_a_body_listener_hears_the_body_is_coming_once_before_the_decision(
+    mode: int | None, events: list[str]
+) -> None:
+    # only where the headers are answered before the body is sent is there a round trip to use
+    handler = ListeningHandler()
+    async with serving(handler) as (_, channel):
+        stub = external_processor_pb2_grpc.ExternalProcessorStub(channel)
+        result = await run_exchange(stub, [headers_msg(mode=mode), body_msg(chat_body(), eos=True)])
+    assert result.code == grpc.StatusCode.OK
+    assert handler.events == events
 
 
 async def test_buffered_accepts_body_over_grpc_default_4mib() -> None:

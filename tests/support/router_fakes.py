@@ -126,7 +126,8 @@ def make_router(
 ) -> tuple[Router, DictIndex, InflightLoad]:
     """``shared_load``: the load shared with other replicas (lookups then wait on I/O, as with Redis);
     ``calibration``: learn each endpoint's cost from its scraped TTFT (with the profile's estimator);
-    ``fresh_load``: called before each decision reads the registry (the scraper's deferred reads);
+    ``fresh_load``: called before each decision reads the registry (the scraper's deferred reads), and when a
+    request's body is coming (``Router.body_coming``), as the picker wires it;
     ``hot_blocks``: the blocks recent requests hit per endpoint (None: not tracked); ``clock``: the decider's
     and the in-flight load's."""
     registry = registry or EndpointRegistry([Endpoint(A), Endpoint(B)])
@@ -164,7 +165,7 @@ def make_router(
     )
     settings = settings or RouterSettings()
     local = LocalDecider(decider, settings.decider, rng=random.Random(0), clock=clock)
-    return Router(front, local, settings), approx, inflight
+    return Router(front, local, settings, ahead_of_body=fresh_load), approx, inflight
 
 
 def post(

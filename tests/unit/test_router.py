@@ -155,6 +155,25 @@ async def test_a_decision_applies_the_load_answers_in_before_reading_the_registr
     assert isinstance(result, Route) and result.endpoints[0] == B and not arrived
 
 
+async def test_the_load_answers_in_by_the_headers_are_read_before_the_body_comes() -> None:
+    # the round trip to Envoy between the headers reply and the body is the picker's: the answers that arrived
+    # are applied then, and the decision finds them applied (nothing left on its own path)
+    registry = EndpointRegistry([Endpoint(A), Endpoint(B)])
+    arrived = [(A, EngineMetrics(running=8, waiting=40, kv_usage=0.9, models=frozenset({"m"})))]
+    applied: list[int] = []
+
+    def fresh_load() -> None:
+        applied.append(len(arrived))
+        while arrived:
+            registry.scraped(*arrived.pop())
+
+    router, _, _ = make_router(registry=registry, fresh_load=fresh_load, tokens=[])
+    router.body_coming()
+    assert not arrived and applied == [1]
+    result = await router.route(post())
+    assert isinstance(result, Route) and result.endpoints[0] == B and applied == [1, 0]
+
+
 async def test_load_only_mode_never_hashes_or_looks_up() -> None:
     approx = DictIndex(fail=True)  # would count a failure if it were asked
     router, _, _ = make_router(approx=approx, settings=RouterSettings(use_index=False))
