@@ -3,6 +3,7 @@
     python -m bench.scrape_cost                                   # this checkout, 4 simulators, 20 s
     python -m bench.scrape_cost --picker-tree /tmp/before --picker-tree /tmp/after
     python -m bench.scrape_cost --engine-reads 300                # and the engine's side, on real vLLM (CPU)
+    python -m bench.scrape_cost --kv-events                       # pickers following the engines' KV events
 
 Scraping each endpoint's ``/metrics`` every ``scrape.interval_s`` (0.1 s) is a picker's fixed cost: it does not
 grow with the request rate, but at 8 req/s it is most of the router CPU per request in the documents cells.
@@ -92,7 +93,7 @@ def measure(
         for i, (name, tree, interval) in enumerate(sides):
             spec = StackSpec(
                 backends=args.backends, envoy="picker", sim_profile="fast", picker_tree=tree,
-                picker_overrides={"scrape": {"interval_s": interval}},
+                picker_overrides={"scrape": {"interval_s": interval}}, kv_events=args.kv_events,
             )  # fmt: skip
             sub = workdir / f"stack{i}"
             sub.mkdir(parents=True, exist_ok=True)
@@ -175,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=20.0, help="measured time, in --windows windows")
     p.add_argument("--windows", type=int, default=4)
     p.add_argument("--workdir", default=None, help="keep logs here (default: a temporary dir, removed)")
+    p.add_argument("--kv-events", action="store_true",
+                   help="the simulators publish KV events and each picker follows them (precise)")  # fmt: skip
     p.add_argument("--engine-reads", type=int, default=0,
                    help="also read a real vLLM engine's page N times per block, whole and narrowed")  # fmt: skip
     args = p.parse_args(argv)

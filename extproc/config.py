@@ -139,7 +139,7 @@ class ScrapeConfig(_Strict):
     )
     paced_kv_events: bool = Field(
         True,
-        description="read the engines' KV-event messages once per scrape round (and at least every 0.5 s) "
+        description="read the engines' KV-event messages once per scrape round (every 1.5 s should rounds stop) "
         "instead of waking for each: the precise index lags the engines by up to a round, which the picker's "
         "own marks of its picks cover (index.burst_mark_ttl_s)",
     )

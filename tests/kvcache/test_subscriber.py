@@ -490,44 +490,6 @@ async def test_an_empty_shared_index_confirms_at_once() -> None:
         ctx.destroy(linger=0)
 
 
-async def test_a_stream_socket_wakes_its_reader_once_per_arrival_not_on_every_loop_turn() -> None:
-    """``_Readable`` takes the ZMQ FD's signal down in its callback: while nobody waits (the stream's loop is
-    busy applying a batch), an arrival must not make the event loop call it again on every turn."""
-
-    class Counted(_Readable):
-        looks = 0
-
-        def _look(self, sock: zmq.Socket[bytes]) -> None:
-            Counted.looks += 1
-            super()._look(sock)
-
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    pub, sub = ctx.socket(zmq.PUB), ctx.socket(zmq.SUB)
-    readable: Counted | None = None
-    try:
-        port = pub.bind_to_random_port("tcp://127.0.0.1")
-        sub.setsockopt(zmq.SUBSCRIBE, b"")
-        sub.connect(f"tcp://127.0.0.1:{port}")
-        readable = Counted((sub,))
-        for _ in range(300):  # ZMQ's slow joiner: publish until the subscription is live
-            pub.send(b"hello")
-            if await readable.wait(0.02):
-                break
-        while int(sub.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-            sub.recv(zmq.NOBLOCK)
-        Counted.looks = 0
-        pub.send(b"while busy")
-        await asyncio.sleep(0.2)  # nobody waits: the loop turns freely
-        assert 1 <= Counted.looks <= 3, Counted.looks
-        assert await readable.wait(1.0) == [sub]
-    finally:
-        if readable is not None:
-            readable.close()
-        pub.close(linger=0)
-        sub.close(linger=0)
-        ctx.term()
-
-
 async def test_a_batch_is_read_on_arrival_or_at_the_round(reading: bool) -> None:
     """On arrival, a batch is applied at once. Paced, an arrival wakes nothing: the batch is applied when
     ``pace`` is called (a scrape round), here long before the stream's own poll interval (5 s) would look."""
@@ -543,3 +505,86 @@ async def test_a_batch_is_read_on_arrival_or_at_the_round(reading: bool) -> None
             assert r.held() == 0  # arrived, not read
             r.sub.pace()
         await until(lambda: r.held() == 3, what="applied")
+
+
+@contextlib.asynccontextmanager
+async def live_pub_sub() -> AsyncIterator[tuple[zmq.Socket[bytes], zmq.Socket[bytes]]]:
+    """A PUB and a SUB socket on loopback, the subscription live (ZMQ's slow joiner) and nothing left to read."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    pub, sub = ctx.socket(zmq.PUB), ctx.socket(zmq.SUB)
+    try:
+        port = pub.bind_to_random_port("tcp://127.0.0.1")
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(f"tcp://127.0.0.1:{port}")
+        for _ in range(300):  # publish until the subscription is live
+            pub.send(b"hello")
+            await asyncio.sleep(0.02)
+            if has_message(sub):
+                break
+        while has_message(sub):
+            sub.recv(zmq.NOBLOCK)
+        yield pub, sub
+    finally:
+        pub.close(linger=0)
+        sub.close(linger=0)
+        ctx.term()
+
+
+def has_message(sock: zmq.Socket[bytes]) -> bool:
+    return bool(int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+
+
+async def test_a_stream_socket_wakes_its_reader_once_per_arrival_not_on_every_loop_turn() -> None:
+    """``_Readable`` takes the ZMQ FD's signal down in its callback: while nobody waits (the stream's loop is
+    busy applying a batch), an arrival must not make the event loop call it again on every turn."""
+
+    class Counted(_Readable):
+        looks = 0
+
+        def _look(self, sock: zmq.Socket[bytes]) -> None:
+            Counted.looks += 1
+            super()._look(sock)
+
+    async with live_pub_sub() as (pub, sub):
+        readable = Counted((sub,))
+        try:
+            Counted.looks = 0
+            pub.send(b"while busy")
+            await asyncio.sleep(0.2)  # nobody waits: the loop turns freely
+            assert 1 <= Counted.looks <= 3, Counted.looks
+            assert await readable.wait(1.0) == [sub]
+        finally:
+            readable.close()
+
+
+async def test_a_paced_round_wakes_a_stream_only_for_a_message_or_its_poll() -> None:
+    """Paced: a round (``_Readable.pace``) wakes the waiter when a socket has a message, or when its poll is due;
+    a stream with nothing to read sleeps through the rounds between (each wake is a task step for nothing)."""
+    async with live_pub_sub() as (pub, sub):
+        readable = _Readable((sub,), watched=())  # paced: the SUB socket is not watched
+
+        async def woken_by(now_s: float, *, news: bool = False) -> bool:
+            waiter = asyncio.ensure_future(readable.wait(10.0))
+            await asyncio.sleep(0)  # the waiter is waiting (it looked: nothing yet)
+            if news:  # arrives while it waits: an unwatched socket wakes nobody
+                pub.send(b"news")
+                await until(lambda: has_message(sub), what="the message in")
+                await asyncio.sleep(0.05)
+                assert not waiter.done()
+            readable.pace(now_s, every_s=0.5)
+            await asyncio.sleep(0.05)
+            woken = waiter.done()
+            waiter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiter
+            return woken
+
+        try:
+            assert await woken_by(100.0), "the first round polls"
+            assert not await woken_by(100.1), "nothing to read, poll not due: asleep"
+            assert await woken_by(100.2, news=True), "a message waiting wakes it"
+            sub.recv(zmq.NOBLOCK)
+            assert not await woken_by(100.6), "the poll counts from the last wake"
+            assert await woken_by(100.7), "the poll is due"
+        finally:
+            readable.close()
