@@ -21,8 +21,7 @@ class RoutedLoad(Protocol):
 
     def busy_s(self, endpoint: EndpointId) -> float: ...
 
-    @property
-    def mean_uncached_tokens(self) -> float: ...
+    def waiting_tokens(self, endpoint: EndpointId, waiting: int) -> float: ...
 
 
 def snapshot(
@@ -38,14 +37,14 @@ def snapshot(
     Scraped numbers count only while fresh (``stale_after_s``); unknown load reads as zeros with ``known``
     False (the estimator adds its own penalty for it). The prefill queued ahead is the largest of three views
     of the same queue: our own virtual queue, every replica's shared one (``shared_queued``, 0 when unshared),
-    and the scraped waiting requests at our running mean of uncached tokens per request. ``calls_due_s``: the
-    chains' calls due there (``scheduling.due_calls``), passed through.
+    and the scraped waiting requests, sized as the last ones we routed there (``RoutedLoad.waiting_tokens``).
+    ``calls_due_s``: the chains' calls due there (``scheduling.due_calls``), passed through.
     """
     eid = record.endpoint.id
     known = record.load_known(now_s, stale_after_s)
     m = record.metrics if known else None
     waiting = m.waiting if m else 0
-    queued = max(routed.queued_tokens(eid), shared_queued, waiting * routed.mean_uncached_tokens)
+    queued = max(routed.queued_tokens(eid), shared_queued, routed.waiting_tokens(eid, waiting))
     return LoadSnapshot(
         running=m.running if m else 0,
         waiting=waiting,

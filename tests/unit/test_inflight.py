@@ -55,3 +55,28 @@ def test_an_endpoint_is_busy_until_the_last_predicted_first_token() -> None:
     load.add(A, 256, None)  # not estimated: keeps nothing busy
     clock.now += 0.10
     assert load.busy_s(A) == 0.0
+
+
+# steps: "r<n>" routes a request of n uncached tokens, "s" a scrape's request goes out, "a" its answer arrives
+@pytest.mark.parametrize(
+    ("steps", "waiting", "tokens"),
+    [
+        ("r40 r40 s a", 0, 0.0),  # nothing waiting
+        ("r2600 r40 r40 s a", 2, 80.0),  # the latest arrivals wait: two warm requests, not a cold one's worth
+        ("r2600 r40 s a", 2, 2640.0),
+        ("r2600 r40 s r40 a", 1, 40.0),  # routed after the scrape went out: not on its page
+        ("r2600 r40 s r40 a", 2, 2640.0),
+        ("r40 s a", 3, 40.0 + 2 * 40.0 * 0.05),  # two more than we routed there: another router's, at our mean
+        ("s a", 2, 0.0),  # nothing routed anywhere: a mean of 0
+    ],
+    ids=["none", "latest-wait", "cold-among-them", "routed-after-the-scrape", "before-the-mark", "others-at-mean",
+         "no-mean-yet"],
+)  # fmt: skip
+def test_waiting_requests_are_sized_as_the_last_we_routed_there(steps: str, waiting: int, tokens: float) -> None:
+    load = InflightLoad(1000.0)
+    for step in steps.split():
+        if step[0] == "r":
+            load.add(A, int(step[1:]))
+        else:
+            (load.scrape_sent if step == "s" else load.scraped)(A)
+    assert load.waiting_tokens(A, waiting) == pytest.approx(tokens)

@@ -19,7 +19,7 @@ class Routed:
 
     queued: float = 0.0
     since_scrape: int = 0
-    mean_uncached: float = 0.0
+    waiting_size: float = 0.0  # tokens per waiting request
     busy: float = 0.0
 
     def queued_tokens(self, endpoint: EndpointId) -> float:
@@ -31,9 +31,8 @@ class Routed:
     def busy_s(self, endpoint: EndpointId) -> float:
         return self.busy
 
-    @property
-    def mean_uncached_tokens(self) -> float:
-        return self.mean_uncached
+    def waiting_tokens(self, endpoint: EndpointId, waiting: int) -> float:
+        return waiting * self.waiting_size
 
 
 def scraped(running: int = 0, waiting: int = 0, kv: float = 0.0, at_s: float = 10.0) -> EndpointRecord:
@@ -63,7 +62,7 @@ TABLE = [
     (
         "our-queue-wins",
         scraped(waiting=1),
-        Routed(queued=5000.0, mean_uncached=1000.0),
+        Routed(queued=5000.0, waiting_size=1000.0),
         2000.0,
         10.0,
         LoadSnapshot(waiting=1, known=True, scraped_at_s=10.0, queued_prefill_tokens=5000.0),
@@ -77,9 +76,9 @@ TABLE = [
         LoadSnapshot(known=True, scraped_at_s=10.0, queued_prefill_tokens=2000.0),
     ),
     (
-        "waiting-we-did-not-send-at-our-mean",
+        "waiting-requests-at-their-sizes",
         scraped(waiting=4),
-        Routed(queued=100.0, mean_uncached=500.0),
+        Routed(queued=100.0, waiting_size=500.0),
         0.0,
         10.0,
         LoadSnapshot(waiting=4, known=True, scraped_at_s=10.0, queued_prefill_tokens=2000.0),
