@@ -155,12 +155,16 @@ def _pid(p: Any) -> list[int]:
     return [p.pid] if p.pid is not None else []
 
 
-def _start_envoy(kind: str, backends: list[str], pickers: list[tuple[str, int]], workdir: Path) -> EnvoyProcess:
+def _start_envoy(
+    kind: str, backends: list[str], pickers: list[tuple[str, int]], workdir: Path, transport: str = "ext_proc"
+) -> EnvoyProcess:
+    """``pickers``: each picker's (host, port) Envoy asks over ``transport`` (its gRPC or its authz port)."""
+
     def make() -> EnvoyProcess:  # new ports on every try (bench/envoy_proc.py retries a port race)
         listen_port, admin_port, spare = free_ports(3)
         host, picker_port = pickers[0] if pickers else ("127.0.0.1", spare)
         opts = EnvoyOptions(endpoints=tuple(backends), listen_port=listen_port, admin_port=admin_port,
-                            picker_host=host, picker_port=picker_port)  # fmt: skip
+                            picker_host=host, picker_port=picker_port, transport=transport)  # fmt: skip
         config = envoy_bootstrap(kind, opts, pickers)  # type: ignore[arg-type]
         return EnvoyProcess(opts, workdir / f"envoy-{kind}", config=config)
 
@@ -183,6 +187,9 @@ def _start_pickers(policy: Policy, backends: Backends, workdir: Path, picker_set
             overrides.setdefault("index", {}).update({"backend": "redis", "url": valkey.url})
         grpc: list[tuple[str, int]] = []
         metrics: list[str] = []
+        authz = policy.transport == "ext_authz"
+        if authz:
+            overrides.setdefault("listen", {})["authz_port"] = 0
         for i in range(policy.replicas):
             config = _picker_config(backends, policy.kv_events, overrides)
             path = workdir / f"picker{i}.yaml"
@@ -193,12 +200,12 @@ def _start_pickers(policy: Policy, backends: Backends, workdir: Path, picker_set
             proc.start(lambda p=proc: bool(p.log_matches(PICKER_READY.pattern)), READY_TIMEOUT_S)  # type: ignore[misc]
             match = PICKER_READY.search(proc.log_text())
             assert match is not None
-            grpc.append((match.group(1), int(match.group(2))))
+            grpc.append((match.group(1), int(match.group(4) if authz else match.group(2))))
             metrics.append(f"http://{match.group(1)}:{match.group(3)}/metrics")
             # what the scheduler sees, live, while the cell runs (issue 15's page)
             print(f"  {policy.name} picker{i}: http://{match.group(1)}:{match.group(3)}/status", file=sys.stderr)
             router_pids += _pid(proc)
-        envoy = _start_envoy("picker", backends.addresses, grpc, workdir)
+        envoy = _start_envoy("picker", backends.addresses, grpc, workdir, policy.transport)
         stoppers.append(envoy)
         redis_url = overrides["index"]["url"] if policy.redis else None
         return Router(policy, envoy.url(), router_pids, _pid(envoy), stoppers, metrics, redis_url)

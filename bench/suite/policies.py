@@ -6,6 +6,9 @@ Each maps to plain data that ``fleet.start_router`` turns into processes. Our pi
 * ``approximate``: the default picker, no KV events (its index learns from its own decisions);
 * ``precise``: endpoints' ``kv_events`` set (the backends publish, the picker subscribes, with replay);
 * ``precise_x2``: two picker replicas sharing ``index.backend: redis`` (valkey-server) behind one Envoy;
+* ``precise_authz``: ``precise`` asked over Envoy's ext_authz filter (one HTTP round trip with the body) instead
+  of ext_proc (two gRPC messages: headers, then body); ``--policies auto`` runs it on tenants only (every policy
+  runs there);
 * ``precise_shares``: ``precise`` with tenant cache shares (``SHARES``: the ``noisy`` workload's premium class
   protected with a quarter of the fleet's KV; batch in a class of its own, no share, no budget);
 * ``precise_shares_budget``: the same, with batch's ``uncached_tokens_per_endpoint`` at 1,536 (``SHARES_BUDGET``).
@@ -28,6 +31,7 @@ class Policy:
     replicas: int = 1
     redis: bool = False
     peer_policy: str = ""
+    transport: Literal["ext_proc", "ext_authz"] = "ext_proc"  # how Envoy asks our picker (``envoy/README.md``)
 
     @property
     def ours(self) -> bool:
@@ -59,6 +63,8 @@ POLICIES: dict[str, Policy] = {
                "1,536 uncached tokens in flight", kv_events=True, picker_overrides={"tenants": SHARES_BUDGET}),
         Policy("precise_x2", "picker", "ours: two precise replicas sharing a Redis (valkey) index",
                kv_events=True, replicas=2, redis=True),
+        Policy("precise_authz", "picker", "ours: precise, asked over ext_authz (one HTTP round trip)",
+               kv_events=True, transport="ext_authz"),
         Policy("sglang_cache_aware", "sglang", "sglang-router cache_aware", peer_policy="cache_aware"),
         Policy("sglang_round_robin", "sglang", "sglang-router round_robin", peer_policy="round_robin"),
         Policy("sglang_power_of_two", "sglang", "sglang-router power_of_two", peer_policy="power_of_two"),

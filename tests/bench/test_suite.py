@@ -126,14 +126,15 @@ def test_help_lists_workloads_and_policies() -> None:
 
 @pytest.mark.envoy
 def test_quick_smoke_run_writes_results_report_and_plot(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "bench", "--quick", "--workload", "none", "--policies", "round_robin,precise",
+    policies = ("round_robin", "precise", "precise_authz")
+    cmd = [sys.executable, "-m", "bench", "--quick", "--workload", "none", "--policies", ",".join(policies),
            "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "work")]  # fmt: skip
     subprocess.run(cmd, cwd=REPO, timeout=180, check=True, capture_output=True)
     doc = json.loads((tmp_path / "out" / "results.json").read_text())
     assert doc["meta"]["command"].startswith("python -m bench --quick")
     smoke = doc["workloads"]["smoke"]
-    assert set(smoke["policies"]) == {"round_robin", "precise"}
-    for policy in ("round_robin", "precise"):
+    assert set(smoke["policies"]) == set(policies)
+    for policy in policies:
         (cell,) = smoke["policies"][policy]["cells"]
         assert cell["success_rate"] == 1.0 and cell["prompt_token_mismatches"] == 0
         for key in (
@@ -150,7 +151,8 @@ def test_quick_smoke_run_writes_results_report_and_plot(tmp_path: Path) -> None:
         ):
             assert cell[key] is not None, key
         assert sum(cell["backend_requests"]) == cell["requests"]
-    precise = smoke["policies"]["precise"]["cells"][0]
-    assert precise["cached_token_share"] == pytest.approx(precise["ceiling_cached_share"], abs=0.01)
+    for picked in ("precise", "precise_authz"):  # the same picker over ext_proc and over ext_authz
+        precise = smoke["policies"][picked]["cells"][0]
+        assert precise["cached_token_share"] == pytest.approx(precise["ceiling_cached_share"], abs=0.01), picked
     assert (tmp_path / "out" / "report.md").read_text().startswith("# Routing benchmark")
     assert (tmp_path / "out" / "smoke.png").stat().st_size > 1000
