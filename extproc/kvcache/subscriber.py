@@ -165,7 +165,7 @@ class _Readable:
     and a timer per call and takes one more turn of the loop: on this kind of VM ~100-200 of the 300-550 us of
     CPU a message cost (``bench/results/events-cost/notes.md``). The FD is edge-triggered and only says "look":
     ``ZMQ_EVENTS`` is read after the signal is cleared, so a message arriving between the two still wakes the
-    next wait. A socket not watched is looked at when ``nudge`` is called, or when a wait times out."""
+    next wait. A socket not watched is looked at when ``pace`` wakes the waiter, or when a wait times out."""
 
     def __init__(
         self, sockets: tuple[zmq.Socket[bytes], ...], watched: tuple[zmq.Socket[bytes], ...] | None = None
@@ -179,14 +179,11 @@ class _Readable:
         for fd, sock in zip(self._fds, watched, strict=True):
             self._loop.add_reader(fd, self._look, sock)
 
-    def nudge(self) -> None:
-        """Have the waiter look at every socket now."""
-        self._signal.set()
-
     def pace(self, now_s: float, every_s: float) -> None:
         """The paced reading's round: wake the waiter when a socket has a message, or when it was last woken here
         ``every_s`` ago or more (its poll, in a wake-up the round costs anyway). A stream with nothing to read is
-        not woken each round: on this kind of VM a task step is ~30-50 us, four streams ten times a second."""
+        not woken each round: four streams ten times a second were ~5% of an idle picker's CPU
+        (``bench/results/paced-streams``)."""
         if now_s - self._paced_s >= every_s or self._ready():
             self._paced_s = now_s
             self._signal.set()
@@ -240,8 +237,7 @@ class KvEventSubscriber:
         self._plain_ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.shadow(self._ctx.underlying)
         self._clock = clock
         self._streams: dict[EndpointId, _Stream] = {}
-        self._paced: dict[_Readable, float] = {}  # with options.paced: the streams' readers ``pace`` nudges, each
-        # with its poll tick
+        self._paced: dict[_Readable, float] = {}  # with options.paced: {a stream's reader: its poll tick, s}
 
     def add(self, source: EventSource) -> None:
         """Start following ``source`` (to replace an endpoint's source, ``remove`` it first)."""
