@@ -185,7 +185,7 @@ def _start_pickers(policy: Policy, backends: Backends, workdir: Path, picker_set
             stoppers.append(valkey)
             router_pids += [valkey.pid] if valkey.pid is not None else []
             overrides.setdefault("index", {}).update({"backend": "redis", "url": valkey.url})
-        grpc: list[tuple[str, int]] = []
+        asked: list[tuple[str, int]] = []  # where Envoy asks each picker: its gRPC or its authz port
         metrics: list[str] = []
         authz = policy.transport == "ext_authz"
         if authz:
@@ -200,12 +200,12 @@ def _start_pickers(policy: Policy, backends: Backends, workdir: Path, picker_set
             proc.start(lambda p=proc: bool(p.log_matches(PICKER_READY.pattern)), READY_TIMEOUT_S)  # type: ignore[misc]
             match = PICKER_READY.search(proc.log_text())
             assert match is not None
-            grpc.append((match.group(1), int(match.group(4) if authz else match.group(2))))
+            asked.append((match.group(1), int(match.group(4) if authz else match.group(2))))
             metrics.append(f"http://{match.group(1)}:{match.group(3)}/metrics")
             # what the scheduler sees, live, while the cell runs (issue 15's page)
             print(f"  {policy.name} picker{i}: http://{match.group(1)}:{match.group(3)}/status", file=sys.stderr)
             router_pids += _pid(proc)
-        envoy = _start_envoy("picker", backends.addresses, grpc, workdir, policy.transport)
+        envoy = _start_envoy("picker", backends.addresses, asked, workdir, policy.transport)
         stoppers.append(envoy)
         redis_url = overrides["index"]["url"] if policy.redis else None
         return Router(policy, envoy.url(), router_pids, _pid(envoy), stoppers, metrics, redis_url)

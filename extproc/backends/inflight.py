@@ -104,7 +104,7 @@ class InflightLoad:
             return 0.0
         q = self._queues.get(endpoint)
         sizes = list(q.recent) if q is not None else []
-        shown = len(sizes) - (q.routed - q.shown if q is not None else 0)  # routed before the scrape's mark
+        shown = len(sizes) - self.routed_since_scrape(endpoint)  # those routed before the scrape's mark
         ours = sizes[max(shown - waiting, 0) : max(shown, 0)]
         return float(sum(ours)) + (waiting - len(ours)) * self._mean_uncached
 
