@@ -92,10 +92,12 @@ class App:
         ]
         self.registry = EndpointRegistry(endpoints)
         self.inflight = InflightLoad(config.scheduling.prefill_tokens_per_s)
-        self.hot_blocks = HotBlocks(self._kv_blocks)  # per endpoint, the cached blocks recent requests hit
         self.tap = DecisionTap(tenant_classes(config.tenants.classes), CeilingEstimator())
         self.metrics = RouterMetrics(CollectorRegistry(), self.tap)
         self.indexes = build_indexes(config.index, self._approx_capacity, config.scheduling.prefill_tokens_per_s)
+        touches = self.indexes.touches
+        # per endpoint, the cached blocks recent requests hit (with replicas, every replica's requests)
+        self.hot_blocks = HotBlocks(self._kv_blocks, on_touch=None if touches is None else touches.publish)
         self.precise, self.approx = self.indexes.precise, self.indexes.approx
         self.shared_load = self.indexes.shared_load
         self.scraper = Scraper(
@@ -241,6 +243,8 @@ class App:
             await discovery.start()
         await self.scraper.start()
         self.feed.start()
+        if self.indexes.touches is not None:
+            self.indexes.touches.follow(self.hot_blocks.heard)
         if self.config.workers.fronts:
             self.workers = FrontWorkers(self.config, self._base, self.decider, self.metrics.registry)
         else:

@@ -430,6 +430,12 @@ class RedisIndexConfig(_IndexCommon):
         "decide again on the fresh shared load up to this many times; the last reservation is taken in any case "
         "(docs/scheduling.md, Replicas as one)",
     )
+    share_hot_sets: bool = Field(
+        True,
+        description="tell the other replicas where each request went and what it hit or placed there (a Redis "
+        "stream), so every replica's hot sets, which place new prefixes and bound copies, count the whole "
+        "fleet's traffic (docs/scheduling.md, Replicas as one)",
+    )
 
     @field_validator("url")
     @classmethod

@@ -3,7 +3,7 @@
 ``memory``: both indexes in this replica's memory. ``redis``: the precise index in Redis, shared by every
 replica (with leases, only one replica at a time writes each endpoint's events: ``extproc/redis/leases.py``);
 our own guesses in memory *and* mirrored to Redis, so a replica sees what another one routed a moment ago; and
-the in-flight load shared in Redis too.
+the in-flight load shared in Redis too, and where each replica routed (``redis.touches``).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from extproc.redis.client import client_for
 from extproc.redis.leases import StreamLeases
 from extproc.redis.prefix_index import RedisPrefixIndex
 from extproc.redis.shared_load import SharedLoad
+from extproc.redis.touches import SharedTouches
 from extproc.types import EndpointId
 
 Capacity = Callable[[EndpointId], int]
@@ -38,6 +39,7 @@ class Indexes:
     writes: IndexWrites
     leases: StreamLeases | None = None
     shared_load: SharedLoad | None = None
+    touches: SharedTouches | None = None  # where the other replicas routed, for the hot sets
     counters: list[tuple[str, object]] = field(default_factory=list)  # extra groups for router_kv_<group>_*
     # {"precise" | "approx": the in-memory index whose size can be read without I/O}; a Redis-only index is absent
     sizes: dict[str, MemoryPrefixIndex | ChainIndex] = field(default_factory=dict)
@@ -47,6 +49,8 @@ class Indexes:
         await self.precise.close()
         if self.shared_load is not None:
             await self.shared_load.close()
+        if self.touches is not None:
+            await self.touches.close()
         await self.approx.close()
 
 
@@ -69,6 +73,9 @@ def build_indexes(config: IndexConfig, approx_capacity: Capacity, prefill_tokens
     )
     indexes = Indexes(shared, approx, writes=shared, shared_load=load, counters=[("redis_lookups", shared.lookups)],
                       sizes={"approx": local})  # fmt: skip
+    if config.share_hot_sets:
+        indexes.touches = SharedTouches.from_url(config.url, namespace=config.namespace, timeout_s=config.timeout_s)
+        indexes.counters.append(("touches", indexes.touches.counters))
     if config.leases.enabled:
         owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         leases = StreamLeases(client, owner, namespace=config.namespace, ttl_s=config.leases.ttl_s,

@@ -158,6 +158,17 @@ class LearnedCost:
 
 
 @dataclass(frozen=True, slots=True)
+class Touch:
+    """What one routed request did to its endpoint's prefix cache, as the hot sets count it
+    (``backends.hot_blocks``); replicas sharing Redis tell each other theirs (``redis.touches``)."""
+
+    endpoint: EndpointId
+    path: Sequence[BlockHash]  # the blocks it hit or placed there as a new prefix, from the prompt's first
+    hit_blocks: int  # how many leading blocks of ``path`` were hits (the rest were placed)
+    stored_blocks: int  # the blocks it stored there (its uncached ones)
+
+
+@dataclass(frozen=True, slots=True)
 class Candidate:
     """One eligible endpoint with everything the scorers read: frozen input to a pure decision."""
 

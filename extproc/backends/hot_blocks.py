@@ -6,7 +6,8 @@ of it is dead weight: each request's own question and answer, used once. What a 
 been stored on the endpoint since its last hit: vLLM evicts least recently used first, so that is exactly how
 long an unreused block survives. No window to tune: the endpoint's own capacity and store rate set it.
 
-Fed by the decider once per decision (``routed``), read per candidate (``hot``, ``hits``: how often the
+Fed by the decider once per decision (``routed``), and with replicas sharing Redis by the other replicas'
+decisions too (``heard``; ``redis.touches``), read per candidate (``hot``, ``hits``: how often the
 request's deepest cached block was hit there, the reuse a copy of that prefix is spread over; ``hit_gap_s``: how
 far apart those hits came, so how many of them a momentary queue would have met). Kept to what the
 engine still holds by its KV events (a ``CacheObserver`` of ``kvcache.gate.ObservedWrites``): an evicted block
@@ -40,7 +41,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from extproc.types import BlockHash, EndpointId
+from extproc.types import BlockHash, EndpointId, Touch
 
 
 @dataclass(eq=False, slots=True)
@@ -78,10 +79,16 @@ class HotBlocks:
     KV blocks; ``None``: unknown, nothing is tracked and ``hot`` is ``None``)."""
 
     def __init__(
-        self, capacity: Callable[[EndpointId], int | None], clock: Callable[[], float] = time.monotonic
+        self,
+        capacity: Callable[[EndpointId], int | None],
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        on_touch: Callable[[Touch], None] | None = None,
     ) -> None:
+        """``on_touch``: told what each request routed here did (``routed``), for the other replicas."""
         self._capacity = capacity
         self._clock = clock
+        self._on_touch = on_touch
         self._eps: dict[EndpointId, _Endpoint] = {}
         self._ids = itertools.count()  # heap tie-breaker: runs do not compare
 
@@ -92,12 +99,28 @@ class HotBlocks:
         cap = self._capacity(endpoint)
         if cap is None:
             return
-        ep = self._eps.setdefault(endpoint, _Endpoint())
-        ep.stored += max(len(hashes) - cached_blocks, 0)
-        ep.calls += 1
         length = len(hashes) if placed else min(cached_blocks, len(hashes))
+        hit, stored = min(cached_blocks, length), max(len(hashes) - cached_blocks, 0)
+        self._apply(endpoint, cap, hashes, length, hit, stored)
+        if self._on_touch is not None:
+            self._on_touch(Touch(endpoint, hashes[:length], hit, stored))
+
+    def heard(self, touch: Touch) -> None:
+        """Another replica routed a request to ``touch.endpoint``: count it as if this one had (``routed``), so
+        that every replica's hot sets see the whole fleet's traffic. Not told to ``on_touch``."""
+        cap = self._capacity(touch.endpoint)
+        if cap is not None:
+            hit = min(touch.hit_blocks, len(touch.path))
+            self._apply(touch.endpoint, cap, touch.path, len(touch.path), hit, touch.stored_blocks)
+
+    def _apply(
+        self, endpoint: EndpointId, cap: int, hashes: Sequence[BlockHash], length: int, hit: int, stored: int
+    ) -> None:
+        ep = self._eps.setdefault(endpoint, _Endpoint())
+        ep.stored += stored
+        ep.calls += 1
         if length:
-            self._touch(ep, hashes, length, min(cached_blocks, length))
+            self._touch(ep, hashes, length, hit)
         self._prune(ep, cap)
 
     def hot(self, endpoint: EndpointId) -> int | None:

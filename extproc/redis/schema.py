@@ -1,4 +1,5 @@
-"""Every Redis key the router uses, in one place: the prefix index, the event-stream leases and the shared load.
+"""Every Redis key the router uses, in one place: the prefix index, the event-stream leases, the shared load and
+the replicas' touches.
 
 Key schema (``ns`` = the namespace, default ``"kvidx"``; ``<h>`` = a BlockHash as 8 raw bytes, big-endian)::
 
@@ -23,6 +24,8 @@ Key schema (``ns`` = the namespace, default ``"kvidx"``; ``<h>`` = a BlockHash a
                                 first 8 bytes of blake2b of its payload): where a new owner resumes
     {ns}:load           HASH    field = endpoint id, value = "<tokens>:<updated_ms>:<version>" (``shared_load.py``;
                                 version = reservations so far, "<tokens>:<updated_ms>" reads as version 0)
+    {ns}:touches        STREAM  field t = a batch of one replica's touches: where it routed and what each request
+                                hit, placed and stored there (``touches.py``); trimmed to about 1,024 entries
 
 Every key carries the hash tag ``{ns}``, so one namespace lives in one Redis Cluster slot and every script's
 keys (all declared in KEYS, never built inside Lua) are on one node.
@@ -71,6 +74,11 @@ class Schema:
     def load(self) -> bytes:
         """The shared load's HASH."""
         return self.prefix + b"load"
+
+    @property
+    def touches(self) -> bytes:
+        """The replicas' touches STREAM."""
+        return self.prefix + b"touches"
 
     def endpoint(self, endpoint: EndpointId) -> EndpointKeys:
         """``endpoint``'s own keys (built once per endpoint)."""

@@ -51,6 +51,17 @@ async def counters(metrics_url: str, prefix: str) -> dict[str, float]:
     return out
 
 
+async def touches_settled(metrics_urls: list[str]) -> list[dict[str, float]]:
+    """Each replica's ``router_kv_touches_*`` once each has heard every touch the other published (bounded: the
+    last read is returned after ~10 s either way)."""
+    for _ in range(200):
+        x, y = [await counters(url, "router_kv_touches_") for url in metrics_urls]
+        if x.get("heard") == y.get("published") and y.get("heard") == x.get("published"):
+            break
+        await asyncio.sleep(0.05)
+    return [x, y]
+
+
 async def burst(url: str, n: int = 64) -> collections.Counter[str]:
     """``n`` simultaneous requests, each with its own ~1K-token prompt (nothing shared)."""
     async with aiohttp.ClientSession() as session:
@@ -87,10 +98,15 @@ async def test_two_replicas_route_precisely_and_spread_a_burst_like_one(tmp_path
         failed = [await counters(url, "router_index_failures_") for url in stack.picker_metrics_urls]
         settled = sum(v for c in outcomes for v in c.values())
         settled += sum(v for c in failed for k, v in c.items() if "shared_load" in k)
+        # Each replica's hot sets count the other's requests too (``redis.touches``): what one published, the
+        # other heard (the stream is read in the background, so wait for the last ones)
+        touches = await touches_settled(stack.picker_metrics_urls)
     with Stack(spec(1, None, "one"), tmp_path / "one") as stack:
         one = await burst(stack.url)
     assert sum(two.values()) == sum(one.values()) == 64
     assert settled >= 64, (outcomes, failed)
+    x, y = touches
+    assert (x["heard"], y["heard"]) == (y["published"], x["published"]) and min(x["published"], y["published"]), touches
     assert len(two) == 4, f"two replicas left a backend idle: {two}"
     # Before the atomic reservation, replicas read each other's reservations late: a burst leaned 21/15/14/14.
     assert max(two.values()) <= max(one.values()) + 1, f"two replicas {two} vs one {one}, reservations {outcomes}"

@@ -11,7 +11,7 @@ import pytest
 from extproc.backends.hot_blocks import HotBlocks
 from extproc.kvcache.gate import ObservedWrites
 from extproc.kvcache.memory_index import MemoryPrefixIndex
-from extproc.types import BlockHash, EndpointId
+from extproc.types import BlockHash, EndpointId, Touch
 
 A, B = EndpointId("a:1"), EndpointId("b:1")
 
@@ -156,6 +156,13 @@ def _paths(rng: random.Random) -> list[list[BlockHash]]:
     return paths
 
 
+def _request(rng: random.Random, paths: list[list[BlockHash]]) -> tuple[list[BlockHash], int, bool]:
+    """A random request on one of ``paths``: its blocks, how many were cached, whether it was placed."""
+    path = rng.choice(paths)
+    path = path[: rng.randint(1, len(path))]
+    return path, rng.randint(0, len(path)), rng.random() < 0.3
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_the_tree_of_runs_keeps_what_the_per_block_definition_keeps(seed: int) -> None:
     rng = random.Random(seed)
@@ -166,9 +173,7 @@ def test_the_tree_of_runs_keeps_what_the_per_block_definition_keeps(seed: int) -
     universe = sorted(set().union(*paths))
     for step in range(150):
         now[0] = float(step)
-        path = rng.choice(paths)
-        path = path[: rng.randint(1, len(path))]
-        cached, placed = rng.randint(0, len(path)), rng.random() < 0.3
+        path, cached, placed = _request(rng, paths)
         ours.routed(A, path, cached, placed=placed)
         model.routed(path, cached, placed, now[0])
         assert ours.hot(A) == len(model.last_hit), f"step {step}"
@@ -212,3 +217,40 @@ def test_an_evicted_block_takes_the_rest_of_its_paths_along() -> None:
     assert (hot.hot(A), hot.hits(A, shared[6]), hot.hits(A, a[0]), hot.hits(A, b[-1])) == (7, 2, 0, 0)
     hot.routed(A, shared + a, cached_blocks=7, placed=False)  # what still hits
     assert (hot.hot(A), hot.hits(A, shared[6])) == (7, 3)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_two_replicas_that_hear_each_other_keep_the_hot_sets_one_replica_keeps(seed: int) -> None:
+    rng = random.Random(seed)
+    capacity = rng.choice([4, 9, 16, 40])
+    now = [0.0]
+    outbox: dict[str, list[Touch]] = {"x": [], "y": []}
+    one = HotBlocks(lambda e: capacity, clock=lambda: now[0])
+    x = HotBlocks(lambda e: capacity, clock=lambda: now[0], on_touch=outbox["x"].append)
+    y = HotBlocks(lambda e: capacity, clock=lambda: now[0], on_touch=outbox["y"].append)
+    paths = _paths(rng)
+    universe = sorted(set().union(*paths))
+    for step in range(150):
+        now[0] = float(step)
+        endpoint, (path, cached, placed) = rng.choice([A, B]), _request(rng, paths)
+        one.routed(endpoint, path, cached, placed=placed)
+        here, there, sent = (x, y, outbox["x"]) if rng.random() < 0.5 else (y, x, outbox["y"])
+        here.routed(endpoint, path, cached, placed=placed)
+        assert len(sent) == 1, "each routed request is told once"
+        there.heard(sent.pop())
+        for replica in (x, y):
+            for e in (A, B):
+                assert replica.hot(e) == one.hot(e), f"step {step}"
+                assert [replica.hits(e, b) for b in universe] == [one.hits(e, b) for b in universe], f"step {step}"
+                assert [replica.hit_gap_s(e, b) for b in universe] == [one.hit_gap_s(e, b) for b in universe]
+    assert outbox == {"x": [], "y": []}, "a heard touch is not told again"
+
+
+def test_a_touch_says_what_was_hit_placed_and_stored() -> None:
+    told: list[Touch] = []
+    hot = HotBlocks(lambda e: 100 if e == A else None, on_touch=told.append)
+    prefix, question = hashes(0, 20), hashes(500, 4)
+    hot.routed(A, prefix + question, cached_blocks=0, placed=True)  # a new prefix placed: all of it hot
+    hot.routed(A, prefix + hashes(600, 4), cached_blocks=20, placed=False)  # a hit on it
+    hot.routed(B, prefix, cached_blocks=0, placed=True)  # capacity unknown: nothing kept, nothing told
+    assert told == [Touch(A, prefix + question, 0, 24), Touch(A, prefix, 20, 4)]

@@ -1,0 +1,208 @@
+"""Where every replica routed, told to the others through Redis: the hot sets' view of the whole fleet.
+
+Cold placement puts a new prefix where the fewest hot blocks are (``scheduling.profiles``), and a copy is
+bounded by them: both read ``backends.hot_blocks``, which counts what this replica routed. Two replicas
+each counted half the traffic, and one replica's fresh placements were invisible to the other, so a burst of
+new prefixes split unevenly across the fleet where one replica spreads them (``docs/scheduling.md``,
+"Replicas as one"). Each replica now publishes its ``Touch`` per routed request and applies the others'
+(``HotBlocks.heard``), so every replica's hot sets count the whole fleet's traffic.
+
+A Redis STREAM, not pub/sub: it works on a Redis Cluster (one key, one slot), and a reader resumes from the
+last entry it read after a short outage. Best effort throughout: a touch is a hint that only sharpens
+placement, so a write that fails or a reader that falls behind the trimmed stream loses touches (counted)
+and never holds up a decision. ``publish`` is synchronous and cheap; the touches of one event-loop turn go
+out as one entry (one XADD).
+
+Entry field ``t``, our own encoding (big-endian)::
+
+    replica (8 bytes), touches (u32), then per touch:
+    endpoint length (u16), hit_blocks (u32), stored_blocks (u32), path length (u32), endpoint (utf-8),
+    path (u64 each)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import struct
+import sys
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis.exceptions import RedisClusterException, RedisError
+
+from extproc.redis.client import RedisClient, call_within, client_for
+from extproc.redis.schema import Schema
+from extproc.tasks import stop_task
+from extproc.types import BlockHash, EndpointId, Touch
+
+log = logging.getLogger(__name__)
+
+_FIELD = b"t"
+_HEAD = struct.Struct(">8sI")
+_TOUCH = struct.Struct(">HIII")
+STREAM_MAX_ENTRIES = 1024  # about this many batches kept: seconds of traffic, while readers lag by milliseconds
+_READ_BATCHES = 256  # entries per read
+_RETRY_S = 0.5  # a failed read waits this long before the next
+
+
+class TouchesUnavailable(Exception):
+    """Redis did not take or give touches in time."""
+
+
+@dataclass
+class TouchCounters:
+    """Exported as ``router_kv_touches_*``: touches this replica published and heard from others, and those
+    lost (a write that failed; a read that failed is counted in ``read_errors``)."""
+
+    published: int = 0
+    heard: int = 0
+    lost: int = 0
+    read_errors: int = 0
+
+
+def encode(replica: bytes, touches: Sequence[Touch]) -> bytes:
+    """One entry's payload (module docstring)."""
+    parts = [_HEAD.pack(replica, len(touches))]
+    for t in touches:
+        name = t.endpoint.encode()
+        path = array("Q", t.path)
+        if sys.byteorder == "little":
+            path.byteswap()
+        parts += [_TOUCH.pack(len(name), t.hit_blocks, t.stored_blocks, len(path)), name, path.tobytes()]
+    return b"".join(parts)
+
+
+def decode(payload: bytes) -> tuple[bytes, list[Touch]]:
+    """``encode``'s inverse: the replica that wrote it and its touches. Raises ValueError on a malformed entry."""
+    try:
+        replica, count = _HEAD.unpack_from(payload)
+        at, touches = _HEAD.size, []
+        for _ in range(count):
+            name_len, hit, stored, n = _TOUCH.unpack_from(payload, at)
+            at += _TOUCH.size
+            name = payload[at : at + name_len].decode()
+            at += name_len
+            path = array("Q", payload[at : at + 8 * n])
+            at += 8 * n
+            if len(path) != n:
+                raise ValueError("short path")
+            if sys.byteorder == "little":
+                path.byteswap()
+            touches.append(Touch(EndpointId(name), [BlockHash(h) for h in path], hit, stored))
+    except (struct.error, UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"malformed touches entry: {exc}") from exc
+    if at != len(payload):
+        raise ValueError("malformed touches entry: trailing bytes")
+    return replica, touches
+
+
+class SharedTouches:
+    """Publishes this replica's touches and hands the other replicas' to a sink (``follow``).
+
+    ``writer`` carries the writes under ``timeout_s``; ``reader`` the blocking reads, so its socket timeout
+    must exceed ``block_s``. ``replica``: 8 bytes unique to this replica (its own entries are skipped)."""
+
+    def __init__(
+        self,
+        writer: RedisClient,
+        reader: RedisClient,
+        *,
+        namespace: str,
+        timeout_s: float,
+        block_s: float = 1.0,
+        replica: bytes | None = None,
+    ) -> None:
+        self._w, self._r = writer, reader
+        self._key = Schema(namespace).touches
+        self._timeout_s = timeout_s
+        self._block_ms = max(int(block_s * 1000), 1)
+        self._replica = replica or os.urandom(8)
+        self._pending: list[Touch] = []
+        self._flushing: asyncio.Task[None] | None = None
+        self._following: asyncio.Task[None] | None = None
+        self.counters = TouchCounters()
+        self.positioned = asyncio.Event()  # set once ``follow``'s reader knows where it starts: what is published
+        # after that is heard
+
+    @classmethod
+    def from_url(cls, url: str, *, namespace: str, timeout_s: float, block_s: float = 1.0) -> SharedTouches:
+        """Touches on ``url``, connecting lazily."""
+        reader = client_for(url, block_s + max(timeout_s, 1.0))  # a blocked read is not a slow one
+        return cls(client_for(url, timeout_s), reader, namespace=namespace, timeout_s=timeout_s, block_s=block_s)
+
+    def publish(self, touch: Touch) -> None:
+        """Tell the other replicas (in the background, with the rest of this event-loop turn's touches)."""
+        self._pending.append(touch)
+        if self._flushing is None or self._flushing.done():
+            self._flushing = asyncio.get_running_loop().create_task(self._flush(), name="touches-flush")
+
+    def follow(self, sink: Callable[[Touch], None]) -> None:
+        """Hand every touch another replica publishes from now on to ``sink`` (a background task)."""
+        if self._following is None:
+            self._following = asyncio.get_running_loop().create_task(self._follow(sink), name="touches-follow")
+
+    async def close(self) -> None:
+        """Stop following, send what is pending (within the timeout), close the connections."""
+        await stop_task(self._following)
+        if self._flushing is not None:
+            await asyncio.wait({self._flushing}, timeout=self._timeout_s * 2)
+            await stop_task(self._flushing)
+        await self._w.aclose()
+        await self._r.aclose()
+
+    async def _flush(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            entry: dict[Any, Any] = {_FIELD: encode(self._replica, batch)}
+            try:
+                add = self._w.xadd(self._key, entry, maxlen=STREAM_MAX_ENTRIES, approximate=True)
+                await call_within(self._w, add, self._timeout_s, TouchesUnavailable)
+            except TouchesUnavailable as exc:
+                self.counters.lost += len(batch)
+                log.debug("touches not published: %s", exc)
+            else:
+                self.counters.published += len(batch)
+
+    async def _follow(self, sink: Callable[[Touch], None]) -> None:
+        last: bytes | None = None
+        while True:
+            try:
+                if last is None:
+                    last = await self._newest()
+                    self.positioned.set()
+                got = await self._r.xread({self._key: last}, count=_READ_BATCHES, block=self._block_ms)
+            except (RedisError, RedisClusterException, OSError) as exc:  # the cluster's own are not RedisErrors
+                self.counters.read_errors += 1
+                log.debug("touches not read: %r", exc)
+                await asyncio.sleep(_RETRY_S)
+                continue
+            last = self._deliver(got, sink) or last
+
+    async def _newest(self) -> bytes:
+        """The newest entry's id (reading starts after it), or the stream's start when it has none."""
+        newest: Any = await self._r.xrevrange(self._key, count=1)
+        return bytes(newest[0][0]) if newest else b"0-0"
+
+    def _deliver(self, got: Any, sink: Callable[[Touch], None]) -> bytes | None:
+        """Hand the other replicas' touches in ``got`` (an XREAD answer) to ``sink``; the last entry id read."""
+        last = None
+        streams = got.items() if isinstance(got, dict) else (got or [])
+        for _key, entries in streams:
+            for entry_id, fields in entries:
+                last = bytes(entry_id)
+                try:
+                    replica, touches = decode(fields[_FIELD])
+                except (KeyError, ValueError) as exc:
+                    self.counters.read_errors += 1
+                    log.debug("touches entry %r skipped: %s", entry_id, exc)
+                    continue
+                if replica == self._replica:
+                    continue
+                for touch in touches:
+                    sink(touch)
+                self.counters.heard += len(touches)
+        return last

@@ -1,0 +1,82 @@
+"""The replicas' touches (``extproc.redis.touches.SharedTouches``) against Valkey, Redis 7 and a Valkey cluster:
+what one replica publishes, every other replica hears, in order, once; nobody hears its own; a replica hears
+what was published after it started following."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from extproc.redis.touches import SharedTouches
+from extproc.types import BlockHash, EndpointId, Touch
+from tests.support.polling import until
+
+pytestmark = pytest.mark.redis
+
+A, B = EndpointId("10.0.0.1:8000"), EndpointId("10.0.0.2:8000")
+
+
+def touch(endpoint: EndpointId, n: int, hit: int) -> Touch:
+    return Touch(endpoint, [BlockHash(1000 * n + i) for i in range(n)], hit, n - hit + 2)
+
+
+@pytest.fixture(params=["redis", "redis7", "redis-cluster"])
+async def replicas(request: pytest.FixtureRequest) -> AsyncIterator[Callable[[], SharedTouches]]:
+    fixture = {"redis": "valkey_url", "redis7": "redis7_url", "redis-cluster": "valkey_cluster"}[request.param]
+    server = request.getfixturevalue(fixture)
+    url = server if isinstance(server, str) else server.url
+    ns, made = f"touch{uuid.uuid4().hex[:10]}", list[SharedTouches]()
+
+    def make() -> SharedTouches:
+        # timeouts for a busy 2-core CI box: the contract is what it answers, not how fast
+        made.append(SharedTouches.from_url(url, namespace=ns, timeout_s=5.0, block_s=0.2))
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        for t in made:
+            await t.close()
+
+
+def as_tuples(touches: list[Touch]) -> list[tuple[EndpointId, list[BlockHash], int, int]]:
+    return [(t.endpoint, list(t.path), t.hit_blocks, t.stored_blocks) for t in touches]
+
+
+async def following(replica: SharedTouches, sink: Callable[[Touch], None]) -> None:
+    """Start following and wait until the reader knows where it starts (after the newest entry)."""
+    replica.follow(sink)
+    await until(replica.positioned.is_set, what="the reader's position")
+
+
+async def test_every_other_replica_hears_each_touch_once_in_order(replicas: Callable[[], SharedTouches]) -> None:
+    x, y, z = replicas(), replicas(), replicas()
+    heard: dict[str, list[Touch]] = {"x": [], "y": [], "z": []}
+    for name, replica in (("x", x), ("y", y), ("z", z)):
+        await following(replica, heard[name].append)
+    sent = [touch(A, 3, 3), touch(B, 40, 0), touch(A, 1, 0)]
+    for t in sent[:2]:
+        x.publish(t)  # one event-loop turn: one entry
+    await asyncio.sleep(0.05)
+    x.publish(sent[2])
+    await until(lambda: len(heard["y"]) == 3 and len(heard["z"]) == 3, what="y and z hearing 3")
+    assert as_tuples(heard["y"]) == as_tuples(heard["z"]) == as_tuples(sent)
+    assert heard["x"] == [], "a replica does not hear its own touches"
+    assert (x.counters.published, y.counters.heard, z.counters.heard, x.counters.lost) == (3, 3, 3, 0)
+
+
+async def test_a_replica_hears_what_was_published_after_it_began_following(
+    replicas: Callable[[], SharedTouches],
+) -> None:
+    x, late = replicas(), replicas()
+    x.publish(touch(A, 2, 1))
+    await until(lambda: x.counters.published == 1, what="the first touch published")
+    heard: list[Touch] = []
+    await following(late, heard.append)
+    x.publish(touch(B, 5, 5))
+    await until(lambda: len(heard) == 1, what="the touch published after following")
+    await asyncio.sleep(0.3)  # anything else would have arrived by now (an earlier entry would be read first)
+    assert as_tuples(heard) == as_tuples([touch(B, 5, 5)])
