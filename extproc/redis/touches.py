@@ -30,7 +30,7 @@ import sys
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from redis.exceptions import RedisClusterException, RedisError
 
@@ -92,7 +92,7 @@ def decode(payload: bytes) -> tuple[bytes, list[Touch]]:
                 raise ValueError("short path")
             if sys.byteorder == "little":
                 path.byteswap()
-            touches.append(Touch(EndpointId(name), [BlockHash(h) for h in path], hit, stored))
+            touches.append(Touch(EndpointId(name), cast(list[BlockHash], path.tolist()), hit, stored))
     except (struct.error, UnicodeDecodeError, ValueError) as exc:
         raise ValueError(f"malformed touches entry: {exc}") from exc
     if at != len(payload):
@@ -144,6 +144,7 @@ class SharedTouches:
         """Hand every touch another replica publishes from now on to ``sink`` (a background task)."""
         if self._following is None:
             self._following = asyncio.get_running_loop().create_task(self._follow(sink), name="touches-follow")
+            self._following.add_done_callback(_said_if_failed)
 
     async def close(self) -> None:
         """Stop following, send what is pending (within the timeout), close the connections."""
@@ -206,3 +207,10 @@ class SharedTouches:
                     sink(touch)
                 self.counters.heard += len(touches)
         return last
+
+
+def _said_if_failed(task: asyncio.Task[None]) -> None:
+    """The reader only ends when stopped; one that failed (a sink's error) is logged at once, not at shutdown:
+    until a restart this replica's hot sets count only its own traffic again."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("touches: the other replicas' touches are no longer read", exc_info=task.exception())

@@ -80,3 +80,16 @@ async def test_a_replica_hears_what_was_published_after_it_began_following(
     await until(lambda: len(heard) == 1, what="the touch published after following")
     await asyncio.sleep(0.3)  # anything else would have arrived by now (an earlier entry would be read first)
     assert as_tuples(heard) == as_tuples([touch(B, 5, 5)])
+
+
+async def test_a_reader_that_fails_says_so_at_once(
+    replicas: Callable[[], SharedTouches], caplog: pytest.LogCaptureFixture
+) -> None:
+    x, broken = replicas(), replicas()
+
+    def sink(_: Touch) -> None:
+        raise RuntimeError("a bug in the sink")
+
+    await following(broken, sink)
+    x.publish(touch(A, 2, 2))
+    await until(lambda: "no longer read" in caplog.text, what="the reader's failure logged")
