@@ -69,7 +69,7 @@ from redis.exceptions import NoScriptError
 
 from extproc.kvcache.index import Chain, IndexUnavailable
 from extproc.redis.client import RedisClient, call_within, client_for
-from extproc.redis.schema import Schema
+from extproc.redis.schema import Schema, pack_hashes
 from extproc.redis.scripts import index_script
 from extproc.types import BlockHash, EndpointId
 
@@ -161,9 +161,9 @@ class RedisPrefixIndex:
             return {}
         eps = list(dict.fromkeys(endpoints))
         if isinstance(self._r, aioredis.Redis):
-            reply = await self._call(self._match_packed(self._r, _blob(hashes), eps))
+            reply = await self._call(self._match_packed(self._r, pack_hashes(hashes), eps))
         else:  # a cluster client routes by slot itself
-            reply = await self._call(self._match(keys=self._match_keys(eps), args=[_blob(hashes), *eps]))
+            reply = await self._call(self._match(keys=self._match_keys(eps), args=[pack_hashes(hashes), *eps]))
         how, *counts = reply.split()
         if how == b"b":
             self.lookups.bisected += 1
@@ -187,7 +187,7 @@ class RedisPrefixIndex:
             return
         ttl_ms = 0 if ttl_s is None else max(1, round(ttl_s * 1000))
         cap = self._capacity_for(endpoint)
-        args: list[bytes | str | int] = [endpoint, ttl_ms, -1 if cap is None else cap, _blob(hashes)]
+        args: list[bytes | str | int] = [endpoint, ttl_ms, -1 if cap is None else cap, pack_hashes(hashes)]
         args += [_chain(chain, len(hashes)), _tok(fence)]
         keys = [*self._shared, *self._own(endpoint), self.schema.endpoint(endpoint).lease]
         _check(await self._call(self._store(keys=keys, args=args)), endpoint, fence)
@@ -196,7 +196,7 @@ class RedisPrefixIndex:
         """Forget ``hashes`` on ``endpoint``. One script call. ``fence`` as in ``store``."""
         if hashes:
             keys = [*self._shared[:5], *self._own(endpoint), self.schema.endpoint(endpoint).lease]
-            args: list[bytes | str] = [endpoint, _blob(hashes), _tok(fence)]
+            args: list[bytes | str] = [endpoint, pack_hashes(hashes), _tok(fence)]
             _check(await self._call(self._remove(keys=keys, args=args)), endpoint, fence)
 
     async def clear(self, endpoint: EndpointId, *, fence: int | None = None) -> None:
@@ -298,11 +298,6 @@ def _check(result: Any, endpoint: EndpointId, fence: int | None) -> int:
     if n == _FENCED:
         raise FencedOut(f"{endpoint}: fencing token {fence} is not the lease's")
     return n
-
-
-def _blob(hashes: Sequence[BlockHash]) -> bytes:
-    """The hashes as one string of 8-byte big-endian values (C-speed packing)."""
-    return struct.pack(f">{len(hashes)}Q", *hashes)
 
 
 def _chain(chain: Chain | None, n: int) -> bytes:

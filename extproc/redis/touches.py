@@ -26,18 +26,16 @@ import asyncio
 import logging
 import os
 import struct
-import sys
-from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from redis.exceptions import RedisClusterException, RedisError
 
 from extproc.redis.client import RedisClient, call_within, client_for
-from extproc.redis.schema import Schema
+from extproc.redis.schema import Schema, pack_hashes, unpack_hashes
 from extproc.tasks import stop_task
-from extproc.types import BlockHash, EndpointId, Touch
+from extproc.types import EndpointId, Touch
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +67,7 @@ def encode(replica: bytes, touches: Sequence[Touch]) -> bytes:
     parts = [_HEAD.pack(replica, len(touches))]
     for t in touches:
         name = t.endpoint.encode()
-        path = array("Q", t.path)
-        if sys.byteorder == "little":
-            path.byteswap()
-        parts += [_TOUCH.pack(len(name), t.hit_blocks, t.stored_blocks, len(path)), name, path.tobytes()]
+        parts += [_TOUCH.pack(len(name), t.hit_blocks, t.stored_blocks, len(t.path)), name, pack_hashes(t.path)]
     return b"".join(parts)
 
 
@@ -86,13 +81,9 @@ def decode(payload: bytes) -> tuple[bytes, list[Touch]]:
             at += _TOUCH.size
             name = payload[at : at + name_len].decode()
             at += name_len
-            path = array("Q", payload[at : at + 8 * n])
+            path = unpack_hashes(payload, at, n)
             at += 8 * n
-            if len(path) != n:
-                raise ValueError("short path")
-            if sys.byteorder == "little":
-                path.byteswap()
-            touches.append(Touch(EndpointId(name), cast(list[BlockHash], path.tolist()), hit, stored))
+            touches.append(Touch(EndpointId(name), path, hit, stored))
     except (struct.error, UnicodeDecodeError, ValueError) as exc:
         raise ValueError(f"malformed touches entry: {exc}") from exc
     if at != len(payload):
