@@ -47,9 +47,11 @@ def pack_hashes(hashes: Sequence[BlockHash]) -> bytes:
     return struct.pack(f">{len(hashes)}Q", *hashes)
 
 
-def unpack_hashes(blob: bytes, offset: int, count: int) -> list[BlockHash]:
-    """``count`` hashes packed by ``pack_hashes`` at ``offset`` of ``blob``. Raises ``struct.error`` when short."""
-    return list(struct.unpack_from(f">{count}Q", blob, offset))
+def unpack_hashes(blob: bytes, offset: int, count: int) -> tuple[list[BlockHash], int]:
+    """``count`` hashes packed by ``pack_hashes`` at ``offset`` of ``blob``, and the offset just past them.
+    Raises ``struct.error`` when short."""
+    packed = struct.Struct(f">{count}Q")
+    return list(packed.unpack_from(blob, offset)), offset + packed.size
 
 
 @dataclass(frozen=True, slots=True)

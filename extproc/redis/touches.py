@@ -81,8 +81,7 @@ def decode(payload: bytes) -> tuple[bytes, list[Touch]]:
             at += _TOUCH.size
             name = payload[at : at + name_len].decode()
             at += name_len
-            path = unpack_hashes(payload, at, n)
-            at += 8 * n
+            path, at = unpack_hashes(payload, at, n)
             touches.append(Touch(EndpointId(name), path, hit, stored))
     except (struct.error, UnicodeDecodeError, ValueError) as exc:
         raise ValueError(f"malformed touches entry: {exc}") from exc
