@@ -53,7 +53,7 @@ class LoadSnapshot:
     """
 
     running: int = 0
-    waiting: int = 0
+    waiting: int = 0  # requests the last page showed waiting that still wait by our clock (``load.snapshot``)
     kv_usage: float = 0.0  # 0..1
     known: bool = False
     scraped_at_s: float = 0.0  # monotonic

@@ -278,6 +278,12 @@ class PolledGetter:
         return self._sent_at is not None
 
     @property
+    def sent_at_s(self) -> float | None:
+        """When the GET in progress was sent (``clock``); None when none is. The page it brings back shows the
+        server as it was then, give or take the server's time to write it."""
+        return self._sent_at
+
+    @property
     def connected(self) -> bool:
         """A connection is open (``send`` may go without ``ready``; if the server dropped it while idle, the
         GET's ``collect`` says so with ``IdleConnectionLost``)."""

@@ -91,22 +91,39 @@ class InflightLoad:
         q = self._queues.get(endpoint)
         return q.routed - q.shown if q else 0
 
-    def waiting_tokens(self, endpoint: EndpointId, waiting: int) -> float:
-        """The uncached prompt tokens of the ``waiting`` requests the last scrape of ``endpoint`` shows waiting.
+    def waiting_left(self, endpoint: EndpointId, waiting: int, age_s: float) -> tuple[int, float]:
+        """Of the ``waiting`` requests a page of ``endpoint`` taken ``age_s`` ago showed waiting: how many still
+        wait, and the uncached prompt tokens still ahead of them and in them.
 
-        The engine admits in arrival order, so the requests still waiting are the latest arrivals: the last ones
-        we routed there before that scrape went out, each at its own size. Any beyond those (another router's) count
-        at our running mean of uncached tokens per routed request. At the mean alone, warm requests waiting for the
-        next step were priced like the cold ones that lift the mean: in mooncake at 16 req/s this term set the
-        picked endpoint's queue in 18 of the 23 picks it showed waiting, at 1,295 tokens on average where the
-        requests waiting there held 626 (``bench/results/waiting-sizes/notes.md``)."""
+        Their sizes: the engine admits in arrival order, so the requests still waiting are the latest arrivals:
+        the last ones we routed there before that scrape went out, each at its own size. Any beyond those (another
+        router's) count at our running mean of uncached tokens per routed request. At the mean alone, warm
+        requests waiting for the next step were priced like the cold ones that lift the mean: in mooncake at 16
+        req/s this term set the picked endpoint's queue in 18 of the 23 picks it showed waiting, at 1,295 tokens
+        on average where the requests waiting there held 626 (``bench/results/waiting-sizes/notes.md``).
+
+        Their age: since the page was taken the engine has worked through ours in arrival order at the prefill
+        rate, so up to ``rate * age_s`` of their tokens are done, and one whose tokens are all done no longer
+        counts. Read as if taken now, a page of a busy engine showed work long done: traced at 24 req/s (tenants),
+        estimates made on pages 0.1-0.3 s old ran 17-35% high where fresher ones ran 2-4% low
+        (``bench/results/aged-pages/notes.md``). Another router's are not aged: we know neither their size nor
+        their place, so they stay as the page showed them (and a page of an engine we routed nothing to keeps
+        all its queue)."""
         if waiting <= 0:
-            return 0.0
+            return 0, 0.0
         q = self._queues.get(endpoint)
         sizes = list(q.recent) if q is not None else []
         shown = len(sizes) - self.routed_since_scrape(endpoint)  # those routed before the scrape's mark
-        ours = sizes[max(shown - waiting, 0) : max(shown, 0)]
-        return float(sum(ours)) + (waiting - len(ours)) * self._mean_uncached
+        ours = sizes[max(shown - waiting, 0) : max(shown, 0)]  # oldest first
+        others = waiting - len(ours)
+        done = self._rate * max(age_s, 0.0)
+        left, through = len(ours), 0.0
+        for size in ours:  # one counts until its own tokens are done
+            through += size
+            if through > done or done <= 0:
+                break
+            left -= 1
+        return others + left, others * self._mean_uncached + max(sum(ours) - done, 0.0)
 
     def forget(self, endpoint: EndpointId) -> None:
         """Drop ``endpoint``'s queue and counts (it left the fleet); a scrape of it then in flight shows all."""

@@ -21,7 +21,7 @@ class RoutedLoad(Protocol):
 
     def busy_s(self, endpoint: EndpointId) -> float: ...
 
-    def waiting_tokens(self, endpoint: EndpointId, waiting: int) -> float: ...
+    def waiting_left(self, endpoint: EndpointId, waiting: int, age_s: float) -> tuple[int, float]: ...
 
 
 def snapshot(
@@ -37,14 +37,15 @@ def snapshot(
     Scraped numbers count only while fresh (``stale_after_s``); unknown load reads as zeros with ``known``
     False (the estimator adds its own penalty for it). The prefill queued ahead is the largest of three views
     of the same queue: our own virtual queue, every replica's shared one (``shared_queued``, 0 when unshared),
-    and the scraped waiting requests, sized as the last ones we routed there (``RoutedLoad.waiting_tokens``).
+    and the scraped waiting requests, sized as the last ones we routed there and aged by the page's age
+    (``RoutedLoad.waiting_left``), which also says how many of them still wait (``LoadSnapshot.waiting``).
     ``calls_due_s``: the chains' calls due there (``scheduling.due_calls``), passed through.
     """
     eid = record.endpoint.id
     known = record.load_known(now_s, stale_after_s)
     m = record.metrics if known else None
-    waiting = m.waiting if m else 0
-    queued = max(routed.queued_tokens(eid), shared_queued, routed.waiting_tokens(eid, waiting))
+    waiting, waiting_tokens = routed.waiting_left(eid, m.waiting, now_s - record.scraped_at_s) if m else (0, 0.0)
+    queued = max(routed.queued_tokens(eid), shared_queued, waiting_tokens)
     return LoadSnapshot(
         running=m.running if m else 0,
         waiting=waiting,

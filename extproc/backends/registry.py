@@ -21,7 +21,7 @@ class EndpointRecord:
 
     endpoint: Endpoint
     metrics: EngineMetrics | None = None
-    scraped_at_s: float = 0.0  # monotonic time of the last good scrape
+    scraped_at_s: float = 0.0  # monotonic time the last good page was taken (its GET sent)
     failures: int = 0  # consecutive failed scrapes (connection or parse)
     unreachable: int = 0  # consecutive connection failures
 
@@ -52,8 +52,10 @@ class EndpointRegistry:
         states[eid] = state
         self._states = MappingProxyType(states)
 
-    def scraped(self, eid: EndpointId, metrics: EngineMetrics) -> None:
-        """A scrape succeeded: fresh load, endpoint healthy, KV capacity learned."""
+    def scraped(self, eid: EndpointId, metrics: EngineMetrics, taken_at_s: float | None = None) -> None:
+        """A scrape succeeded: fresh load, endpoint healthy, KV capacity learned. ``taken_at_s``: when the page was
+        taken (its GET sent; the registry's clock); None: now. A page read later than it was taken (a deferred
+        read collected at the next round) is as old as its GET, not as its reading."""
         old = self._states.get(eid)
         if old is None:  # dropped by discovery while its scrape was in flight
             return
@@ -62,7 +64,8 @@ class EndpointRegistry:
             healthy=True,
             num_gpu_blocks=metrics.num_gpu_blocks or old.endpoint.num_gpu_blocks,
         )
-        self._swap(eid, EndpointRecord(endpoint, metrics, self._clock(), 0, 0))
+        at_s = self._clock() if taken_at_s is None else taken_at_s
+        self._swap(eid, EndpointRecord(endpoint, metrics, at_s, 0, 0))
 
     def failed(self, eid: EndpointId, *, unreachable: bool, unhealthy_after: int = 2) -> None:
         """A scrape failed. Garbage or slow metrics make the load unknown; only refusals make it unhealthy."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 
 import aiohttp
@@ -172,6 +173,7 @@ class Scraper:
             return
         if self._on_send:
             self._on_send(eid)
+        taken_at_s = time.monotonic()  # the clock of the app's registry and of the polled getters
         try:
             metrics = await self._read(eid)
         except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, GetUnreachable) as exc:
@@ -180,7 +182,7 @@ class Scraper:
         except (aiohttp.ClientError, TimeoutError, GetFailed, MetricsParseError, UnicodeDecodeError) as exc:
             self._fail(eid, exc, unreachable=False)
             return
-        self._apply(eid, metrics)
+        self._apply(eid, metrics, taken_at_s)
 
     def collect_answers(self) -> None:
         """Apply every deferred answer that has arrived (never waits): called before each decision, which then
@@ -197,10 +199,11 @@ class Scraper:
         except Exception:
             log.exception("scrape step %s%s failed", getattr(step, "__name__", step), args)
 
-    def _apply(self, eid: EndpointId, metrics: EngineMetrics) -> None:
+    def _apply(self, eid: EndpointId, metrics: EngineMetrics, taken_at_s: float | None) -> None:
+        """Record ``eid``'s page, taken (its GET sent) at ``taken_at_s``."""
         state = self._registry.snapshot().get(eid)
         was_failing = state is not None and state.failures > 0
-        self._registry.scraped(eid, metrics)
+        self._registry.scraped(eid, metrics, taken_at_s)
         if was_failing:
             log.info("metrics of %s readable again", eid)
         if self._on_scrape:
@@ -277,6 +280,7 @@ class Scraper:
         if getter is None or not getter.busy:
             self._awaited.discard(eid)
             return
+        taken_at_s = getter.sent_at_s  # (collecting the answer clears it)
         try:
             body = getter.collect()
             if body is None:
@@ -297,7 +301,7 @@ class Scraper:
         refused = self._trying_whole.pop(eid, None)
         if refused is not None:
             self._widen(eid, refused)
-        self._apply(eid, metrics)
+        self._apply(eid, metrics, taken_at_s)
 
     def _widen(self, eid: EndpointId, refused: str) -> None:
         log.info("%s does not serve a narrowed metrics page (%s); reading its whole page from now on", eid, refused)

@@ -79,4 +79,40 @@ def test_waiting_requests_are_sized_as_the_last_we_routed_there(steps: str, wait
             load.add(A, int(step[1:]))
         else:
             (load.scrape_sent if step == "s" else load.scraped)(A)
-    assert load.waiting_tokens(A, waiting) == pytest.approx(tokens)
+    assert load.waiting_left(A, waiting, 0.0) == (waiting, pytest.approx(tokens))
+
+
+# a page showed two waiting requests, a cold one (2600 tokens) then a warm one (40); the rate is 1000 tokens/s
+@pytest.mark.parametrize(
+    ("age_s", "left", "tokens"),
+    [
+        (0.0, 2, 2640.0),  # as taken
+        (1.0, 2, 1640.0),  # the cold one is being prefilled: still ahead, less of it
+        (2.6, 1, 40.0),  # the cold one is done
+        (2.62, 1, 20.0),
+        (2.64, 0, 0.0),
+        (10.0, 0, 0.0),  # long done: nothing left, not less than nothing
+    ],
+)
+def test_waiting_requests_age_with_the_page(age_s: float, left: int, tokens: float) -> None:
+    load = InflightLoad(1000.0)
+    load.add(A, 2600)
+    load.add(A, 40)
+    load.scrape_sent(A)
+    load.scraped(A)
+    assert load.waiting_left(A, 2, age_s) == (left, pytest.approx(tokens))
+
+
+def test_other_routers_waiting_requests_are_not_aged() -> None:
+    load = InflightLoad(1000.0)
+    load.add(A, 100)  # the mean is now 5 tokens (0.05 of the first)
+    load.scrape_sent(A)
+    load.scraped(A)
+    assert load.waiting_left(A, 2, 0.0) == (2, pytest.approx(105.0))
+    assert load.waiting_left(A, 2, 0.05) == (2, pytest.approx(55.0))  # ours is half done
+    assert load.waiting_left(A, 2, 1.0) == (1, pytest.approx(5.0))  # ours is done; the other's size is unknown
+
+
+def test_a_page_of_an_engine_we_routed_nothing_to_keeps_its_queue() -> None:
+    load = InflightLoad(1000.0)
+    assert load.waiting_left(A, 3, 10.0) == (3, 0.0)  # no mean yet: three requests of unknown size

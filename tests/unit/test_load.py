@@ -21,6 +21,7 @@ class Routed:
     since_scrape: int = 0
     waiting_size: float = 0.0  # tokens per waiting request
     busy: float = 0.0
+    drained_per_s: int = 0  # waiting requests done per second of a page's age
 
     def queued_tokens(self, endpoint: EndpointId) -> float:
         return self.queued
@@ -31,8 +32,9 @@ class Routed:
     def busy_s(self, endpoint: EndpointId) -> float:
         return self.busy
 
-    def waiting_tokens(self, endpoint: EndpointId, waiting: int) -> float:
-        return waiting * self.waiting_size
+    def waiting_left(self, endpoint: EndpointId, waiting: int, age_s: float) -> tuple[int, float]:
+        left = max(waiting - int(self.drained_per_s * age_s), 0)
+        return left, left * self.waiting_size
 
 
 def scraped(running: int = 0, waiting: int = 0, kv: float = 0.0, at_s: float = 10.0) -> EndpointRecord:
@@ -82,6 +84,14 @@ TABLE = [
         0.0,
         10.0,
         LoadSnapshot(waiting=4, known=True, scraped_at_s=10.0, queued_prefill_tokens=2000.0),
+    ),
+    (
+        "waiting-requests-aged-by-the-page",
+        scraped(waiting=4),
+        Routed(waiting_size=500.0, drained_per_s=10),
+        0.0,
+        10.3,  # the page is 0.3 s old: three of the four are done
+        LoadSnapshot(waiting=1, known=True, scraped_at_s=10.0, queued_prefill_tokens=500.0),
     ),
 ]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -47,12 +48,15 @@ async def test_the_first_round_reads_every_endpoint_and_notes_each_sending_befor
             if deferred:  # answers wait in their sockets until asked for (a decision asks): the next round is 30 s off
                 await until(lambda: metrics_reads(a) and metrics_reads(b), timeout_s=10.0, what="both asked")
                 await asyncio.sleep(0.2)
+                asked_s = time.monotonic()
                 assert scraped(registry) == 0
                 await until(lambda: scraper.collect_answers() or scraped(registry) == 2, timeout_s=10.0,
                             what="both collected when asked")  # fmt: skip
             await until(lambda: scraped(registry) == 2, timeout_s=10.0, what="both read in the first round")
             record = registry.snapshot()[EndpointId(f"127.0.0.1:{a.port}")]
             assert record.metrics is not None and (record.metrics.running, record.metrics.waiting) == (1, 2)
+            if deferred:  # the page is as old as its GET, not as its collection
+                assert record.scraped_at_s <= asked_s - 0.2
             for server in (a, b):
                 eid = f"127.0.0.1:{server.port}"
                 assert events.index(f"sent {eid}") < events.index(f"scraped {eid}")
