@@ -19,9 +19,11 @@ prefill").
 from __future__ import annotations
 
 import time
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 from extproc.types import EndpointId
 
@@ -117,13 +119,9 @@ class InflightLoad:
         ours = sizes[max(shown - waiting, 0) : max(shown, 0)]  # oldest first
         others = waiting - len(ours)
         done = self._rate * max(age_s, 0.0)
-        left, through = len(ours), 0.0
-        for size in ours:  # one counts until its own tokens are done
-            through += size
-            if through > done or done <= 0:
-                break
-            left -= 1
-        return others + left, others * self._mean_uncached + max(sum(ours) - done, 0.0)
+        ends = list(accumulate(ours))  # where each of ours ends, in tokens from the oldest's start
+        finished = bisect_right(ends, done) if done > 0 else 0  # one counts until its own tokens are done
+        return others + len(ours) - finished, others * self._mean_uncached + max(sum(ours) - done, 0.0)
 
     def forget(self, endpoint: EndpointId) -> None:
         """Drop ``endpoint``'s queue and counts (it left the fleet); a scrape of it then in flight shows all."""
