@@ -18,12 +18,13 @@ prefill").
 
 from __future__ import annotations
 
+import math
 import time
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import accumulate
+from itertools import accumulate, islice
 
 from extproc.types import EndpointId
 
@@ -39,6 +40,8 @@ class _Queue:
     sent_mark: int | None = None  # ``routed`` when the scrape now on its way was sent
     busy_until_s: float = 0.0  # the latest predicted first token of a request we routed here (our clock)
     recent: deque[int] = field(default_factory=lambda: deque(maxlen=_RECENT))  # uncached tokens, oldest first
+    # the same requests' predicted first tokens (our clock; inf: not estimated), oldest first
+    recent_due_s: deque[float] = field(default_factory=lambda: deque(maxlen=_RECENT))
 
 
 class InflightLoad:
@@ -65,8 +68,10 @@ class InflightLoad:
         q.routed += 1
         q.recent.append(uncached_tokens)
         self._mean_uncached += 0.05 * (uncached_tokens - self._mean_uncached)
+        due_s = math.inf if first_token_in_s is None else q.updated_s + first_token_in_s
+        q.recent_due_s.append(due_s)
         if first_token_in_s is not None:
-            q.busy_until_s = max(q.busy_until_s, q.updated_s + first_token_in_s)
+            q.busy_until_s = max(q.busy_until_s, due_s)
 
     def busy_s(self, endpoint: EndpointId) -> float:
         """Seconds until the predicted first token of the last request we routed to ``endpoint`` (0: none ahead)."""
@@ -92,6 +97,21 @@ class InflightLoad:
         """Requests we routed to ``endpoint`` that no scrape's answer can show yet (module docstring)."""
         q = self._queues.get(endpoint)
         return q.routed - q.shown if q else 0
+
+    def queued_since_scrape(self, endpoint: EndpointId) -> int:
+        """Of the requests routed to ``endpoint`` since what the last scrape can show, those still before their
+        predicted first token by our clock (one routed without an estimate counts until a scrape shows it).
+
+        Each counts one queued turn in the estimate (``LoadSnapshot.queued_requests``). Counted until a page
+        showed them, requests long past their first token still each cost the next estimates a turn: traced at
+        0.3 s rounds (tenants at 24 req/s), 1.9 routed since pages 200 ms+ old, a queue term of 0.081 s against
+        0.030 s on pages under 100 ms old, and estimates 0.020 s high where the fresher ones ran 0.028 s low
+        (``bench/results/aged-pages/notes.md``)."""
+        q = self._queues.get(endpoint)
+        if q is None:
+            return 0
+        now = self._clock()
+        return sum(1 for due_s in islice(reversed(q.recent_due_s), q.routed - q.shown) if due_s > now)
 
     def waiting_left(self, endpoint: EndpointId, waiting: int, age_s: float) -> tuple[int, float]:
         """Of the ``waiting`` requests a page of ``endpoint`` taken ``age_s`` ago showed waiting: how many still

@@ -19,6 +19,8 @@ class RoutedLoad(Protocol):
 
     def routed_since_scrape(self, endpoint: EndpointId) -> int: ...
 
+    def queued_since_scrape(self, endpoint: EndpointId) -> int: ...
+
     def busy_s(self, endpoint: EndpointId) -> float: ...
 
     def waiting_left(self, endpoint: EndpointId, waiting: int, age_s: float) -> tuple[int, float]: ...
@@ -53,6 +55,7 @@ def snapshot(
         known=known,
         scraped_at_s=record.scraped_at_s,
         inflight_requests=routed.routed_since_scrape(eid),
+        queued_requests=routed.queued_since_scrape(eid),
         prefill_busy_s=routed.busy_s(eid),
         queued_prefill_tokens=queued,
         calls_due_s=calls_due_s,

@@ -66,7 +66,7 @@ class CostTerms:
 
     work_s: float  # prefill queued ahead plus this request's uncached tokens, at the configured rate
     running: int  # requests in the decode batch the prefill shares steps with
-    queue_s: float  # waiting and in-flight requests, at the configured per-request overhead
+    queue_s: float  # waiting requests and ours not yet at their first token, at the configured per-request overhead
     fixed_s: float
     own_work_s: float = 0.0  # this request's uncached tokens alone, at the configured rate
     busy_s: float = 0.0  # a prefill we routed there is predicted to run this long yet (the busy floor)
@@ -105,7 +105,7 @@ def cost_terms(
     load = candidate.load
     uncached = max(prompt_tokens - cached_tokens(candidate, prompt_tokens, block_size), 1)
     work_s = (load.queued_prefill_tokens + uncached) / params.prefill_tokens_per_s
-    queue_s = (load.waiting + load.inflight_requests) * params.request_overhead_s
+    queue_s = (load.waiting + load.queued_requests) * params.request_overhead_s
     kv_s = 0.0
     if load.kv_usage > params.kv_pressure_threshold:
         excess = (load.kv_usage - params.kv_pressure_threshold) / max(1e-9, 1 - params.kv_pressure_threshold)

@@ -108,7 +108,7 @@ class TtftProfile:
         """The warm endpoint's estimate against load that lasts, which a copy must beat: not the requests routed
         since the last scrape (a bridge until the scrape shows them; many are done). A prefill of ours that is
         predicted to run yet stays, at the busy floor's share (``floor_share``)."""
-        steady = replace(warm, load=replace(warm.load, inflight_requests=0))
+        steady = replace(warm, load=replace(warm.load, inflight_requests=0, queued_requests=0))
         return estimate_ttft_s(steady, request.prompt_tokens, request.block_size, self.params, floor_share(request))
 
     def _place(

@@ -57,6 +57,34 @@ def test_an_endpoint_is_busy_until_the_last_predicted_first_token() -> None:
     assert load.busy_s(A) == 0.0
 
 
+# steps: "r<t>" routes a request predicted to reach its first token in t s ("r-": not estimated), "w<t>" waits t s,
+# "s" a scrape's request goes out, "a" its answer arrives
+@pytest.mark.parametrize(
+    ("steps", "queued"),
+    [
+        ("r0.1 r0.2", 2),  # both before their first tokens
+        ("r0.1 r0.2 w0.15", 1),  # the first is past its predicted first token: no longer a turn ahead
+        ("r0.1 r0.2 w0.3", 0),  # both past it, though no page shows them yet
+        ("r- w5", 1),  # not estimated: counts until a page shows it
+        ("r0.1 s r0.2 a", 1),  # a page shows the first
+        ("r0.1 s w0.15 r0.2 a", 1),  # the one a page cannot show yet, still before its first token
+    ],
+    ids=["both-ahead", "one-past", "both-past", "not-estimated", "one-shown", "past-and-shown"],
+)
+def test_routed_requests_queue_until_their_predicted_first_token(steps: str, queued: int) -> None:
+    clock = FakeClock()
+    load = InflightLoad(1000.0, clock=clock)
+    for step in steps.split():
+        if step[0] == "r":
+            load.add(A, 100, None if step == "r-" else float(step[1:]))
+        elif step[0] == "w":
+            clock.now += float(step[1:])
+        else:
+            {"s": load.scrape_sent, "a": load.scraped}[step](A)
+    assert load.queued_since_scrape(A) == queued
+    assert load.queued_since_scrape(EndpointId("10.0.0.9:8000")) == 0  # nothing routed there
+
+
 # steps: "r<n>" routes a request of n uncached tokens, "s" a scrape's request goes out, "a" its answer arrives
 @pytest.mark.parametrize(
     ("steps", "waiting", "tokens"),

@@ -19,6 +19,7 @@ class Routed:
 
     queued: float = 0.0
     since_scrape: int = 0
+    before_first_token: int = 0  # of those, still before their predicted first token
     waiting_size: float = 0.0  # tokens per waiting request
     busy: float = 0.0
     drained_per_s: int = 0  # waiting requests done per second of a page's age
@@ -28,6 +29,9 @@ class Routed:
 
     def routed_since_scrape(self, endpoint: EndpointId) -> int:
         return self.since_scrape
+
+    def queued_since_scrape(self, endpoint: EndpointId) -> int:
+        return self.before_first_token
 
     def busy_s(self, endpoint: EndpointId) -> float:
         return self.busy
@@ -48,10 +52,18 @@ TABLE = [
     (
         "fresh-scrape-counts",
         scraped(running=3, waiting=0, kv=0.5),
-        Routed(since_scrape=2, busy=0.05),
+        Routed(since_scrape=2, before_first_token=1, busy=0.05),
         0.0,
         11.0,
-        LoadSnapshot(running=3, kv_usage=0.5, known=True, scraped_at_s=10.0, inflight_requests=2, prefill_busy_s=0.05),
+        LoadSnapshot(
+            running=3,
+            kv_usage=0.5,
+            known=True,
+            scraped_at_s=10.0,
+            inflight_requests=2,
+            queued_requests=1,
+            prefill_busy_s=0.05,
+        ),
     ),
     (
         "stale-scrape-reads-as-unknown",

@@ -49,7 +49,7 @@ def cand(
     due: tuple[float, ...] = (),
 ) -> Candidate:
     load = LoadSnapshot(
-        known=True, queued_prefill_tokens=queued, running=running, waiting=waiting, inflight_requests=inflight,
+        known=True, queued_prefill_tokens=queued, running=running, waiting=waiting, queued_requests=inflight,
         prefill_busy_s=busy, calls_due_s=due,
     )  # fmt: skip
     endpoint = Endpoint(eid, num_gpu_blocks=1024)
@@ -180,7 +180,7 @@ def test_the_hits_that_meet_the_queue(gap_s: float | None, chains: float, measur
 def test_a_prefill_we_routed_is_a_floor_under_the_estimate(busy_s: float, share: float, expected_s: float) -> None:
     # terms: 0.03 + 2.0 x (600 queued + 120 uncached) / 12,000 x (1 + 0.05 x 10) + 1.5 x 2 x 0.01 = 0.24 s;
     # floor: busy + 0.03 + 2.0 x 120 / 12,000 x 1.5 = busy + 0.06 s
-    load = LoadSnapshot(known=True, queued_prefill_tokens=600, running=10, waiting=1, inflight_requests=1,
+    load = LoadSnapshot(known=True, queued_prefill_tokens=600, running=10, waiting=1, queued_requests=1,
                         prefill_busy_s=busy_s)  # fmt: skip
     cost = LearnedCost(0.03, 2.0, 0.05, 1.5)
     c = Candidate(Endpoint(A), load, 0, precise=True, cost=cost)
@@ -200,7 +200,7 @@ def test_a_prefill_we_routed_is_a_floor_under_the_estimate(busy_s: float, share:
     ids=["configured", "learned"],
 )
 def test_a_learned_cost_reweighs_the_estimates_terms(cost: LearnedCost | None, expected_s: float) -> None:
-    load = LoadSnapshot(known=True, queued_prefill_tokens=600, running=10, waiting=1, inflight_requests=1)
+    load = LoadSnapshot(known=True, queued_prefill_tokens=600, running=10, waiting=1, queued_requests=1)
     c = Candidate(Endpoint(A), load, 0, precise=True, cost=cost)
     params = replace(DEFAULT.params, prefill_tokens_per_s=12000.0)
     assert estimate_ttft_s(c, 120, 16, params) == pytest.approx(expected_s)
