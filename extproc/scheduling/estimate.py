@@ -143,6 +143,29 @@ def _floor_excess_s(terms: CostTerms, cost: LearnedCost, weighted_s: float) -> f
     return max(floor_s - weighted_s, 0.0)
 
 
+def imposed_s(
+    candidate: Candidate, prompt_tokens: int, block_size: int, params: EstimatorParams, floor_share: float = 0.0
+) -> float:
+    """What sending this request to ``candidate`` adds to the TTFT of the requests there that have not started
+    yet: the engine builds its next step from every request waiting at its start (up to its token budget), and a
+    request's first token comes when its step ends, so this request's own prefill lengthens the step of each
+    one it joins. Counted: the waiting requests of the candidate's load (the page's, aged by our clock) and ours
+    routed there since the page that are before their predicted first token (some may be running already: an
+    upper bound). Each is delayed by this request's own prefill at the learned rate.
+
+    Traced in tenants at 24 req/s: a warm request waiting behind one cold prefill got its first token 0.65 s
+    after arrival, not the predicted 0.31 s, because a second cold prefill routed there after it joined its
+    step (``bench/results/queued-turns/notes.md``; the profile's use: ``docs/scheduling.md``, "Not beside a
+    waiting request")."""
+    load = candidate.load
+    ahead = load.waiting + load.queued_requests
+    if ahead <= 0:
+        return 0.0
+    terms = cost_terms(candidate, prompt_tokens, block_size, params, floor_share)
+    cost = candidate.cost or configured_cost(params)
+    return ahead * cost.prefill_scale * terms.own_work_s * _slowdown(terms, cost)
+
+
 def estimate_ttft_s(
     candidate: Candidate, prompt_tokens: int, block_size: int, params: EstimatorParams, floor_share: float = 0.0
 ) -> float:

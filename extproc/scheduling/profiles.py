@@ -24,7 +24,7 @@ from typing import Protocol
 
 from extproc.errors import NoEndpoint, Overloaded
 from extproc.scheduling.due_calls import collision_s
-from extproc.scheduling.estimate import EstimatorParams, cached_tokens, copy_fits, estimate_ttft_s
+from extproc.scheduling.estimate import EstimatorParams, cached_tokens, copy_fits, estimate_ttft_s, imposed_s
 from extproc.scheduling.scorers import SCORERS
 from extproc.scheduling.sessions import floor_share, invested_estimates
 from extproc.scheduling.tenant_shares import SharePolicy, narrowed
@@ -129,14 +129,23 @@ class TtftProfile:
         prefill at the configured rate): endpoints whose estimates differ by less than one placement are even up
         to how placements divide, and the hot traffic decides; a larger difference is load of its own, a queue
         that lasts (a saturated endpoint's cold placements read as few hot blocks and kept drawing more), and
-        the estimate decides. Untracked hot sets: by estimate alone."""
+        the estimate decides. Among the endpoints serving the least hot traffic, what the placement costs the
+        requests waiting there counts beside its own estimate (``estimate.imposed_s``). Untracked hot sets: by
+        estimate alone."""
         followed_s = self.stickiness_s * min(request.prefix_followers, 1.0)
         window_s = min(followed_s, request.prompt_tokens / self.params.prefill_tokens_per_s)
         near = [c for c in candidates if est[c.endpoint.id] <= best + window_s]
         if any(c.hot_blocks is None for c in near):
             return _spread(est, best, self.tie_epsilon_s, rng)
         least = min(c.hot_blocks or 0 for c in near)
-        coldest = {c.endpoint.id: est[c.endpoint.id] for c in near if c.hot_blocks == least}
+        # Among those, its own estimate and the delay its prefill adds to the requests waiting there: a momentary
+        # queue, so it chooses only here (ranking every candidate by it made the homes lean, docs/scheduling.md)
+        coldest = {
+            c.endpoint.id: est[c.endpoint.id]
+            + imposed_s(c, request.prompt_tokens, request.block_size, self.params, floor_share(request))
+            for c in near
+            if c.hot_blocks == least
+        }
         return _spread(coldest, min(coldest.values()), self.tie_epsilon_s, rng)
 
     def _move_costs(

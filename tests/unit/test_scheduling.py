@@ -12,7 +12,7 @@ import pytest
 from extproc.config import SchedulingConfig, WeightedProfileConfig
 from extproc.errors import NoEndpoint, Overloaded
 from extproc.scheduling.build import build_profile
-from extproc.scheduling.estimate import cached_tokens, estimate_ttft_s
+from extproc.scheduling.estimate import cached_tokens, estimate_ttft_s, imposed_s
 from extproc.scheduling.filters import eligible
 from extproc.scheduling.profiles import TtftProfile, WeightedProfile
 from extproc.types import (
@@ -81,6 +81,16 @@ def test_kv_pressure_adds_delay_only_when_switched_on() -> None:
     on = replace(PARAMS, kv_pressure_threshold=0.9)
     assert estimate_ttft_s(cand(A, kv=0.99), 1600, 16, on) > estimate_ttft_s(cand(A, kv=0.5), 1600, 16, on)
     assert estimate_ttft_s(cand(A, kv=0.99), 1600, 16, PARAMS) == estimate_ttft_s(cand(A, kv=0.5), 1600, 16, PARAMS)
+
+
+def test_a_request_delays_the_ones_waiting_where_it_goes_by_its_own_prefill() -> None:
+    """Each request there before its first token (the page's waiting, ours routed since) joins the step this
+    request's prefill lengthens: delayed by that prefill (1,600 uncached tokens at 10,000 tokens/s), not by the
+    queue ahead of it."""
+    waiting = replace(cand(A, 0, queued=5000, waiting=2), load=LoadSnapshot(known=True, waiting=2, queued_requests=1))
+    assert imposed_s(waiting, 1600, 16, PARAMS) == pytest.approx(3 * 0.16)
+    assert imposed_s(cand(A, 99, waiting=2), 1600, 16, PARAMS) == pytest.approx(2 * 0.0016)  # warm: little to add
+    assert imposed_s(cand(A, 0, queued=5000), 1600, 16, PARAMS) == 0.0  # nobody waits there
 
 
 TABLE = [
@@ -160,6 +170,21 @@ def test_cold_placement_window_follows_the_measured_followers(followers: float, 
     # followed (the window is stickiness_s, 0.2 s, times the followers, at most one); by estimate when not.
     candidates = [cand(A, 0, capacity=600, hot=400), cand(B, 0, queued=800, capacity=600, hot=100)]
     request = replace(req(), prefix_followers=followers)
+    decision = DEFAULT.decide(request, candidates, random.Random(0))
+    assert (decision.endpoints[0], decision.reason) == (pick, Reason.LOAD)
+
+
+@pytest.mark.parametrize(
+    ("waiting", "hot_b", "pick"),
+    [(1, 100, B), (0, 100, A), (1, 200, A)],
+    ids=["not-beside-a-waiting-request", "nobody-waits", "hot-traffic-decides-first"],
+)
+def test_cold_placement_minds_the_requests_waiting_there(waiting: int, hot_b: int, pick: EndpointId) -> None:
+    # A has the better estimate (B has 400 tokens queued). With a request waiting on A, this cold prefill would
+    # join its step and hold its first token back by the whole prefill (0.133 s): among the endpoints as cold
+    # in hot traffic, B costs less in all. A momentary queue does not override the hot traffic (A holds less).
+    candidates = [cand(A, 0, waiting=waiting, capacity=600, hot=100), cand(B, 0, queued=400, capacity=600, hot=hot_b)]
+    request = replace(req(), prefix_followers=1.0)
     decision = DEFAULT.decide(request, candidates, random.Random(0))
     assert (decision.endpoints[0], decision.reason) == (pick, Reason.LOAD)
 
