@@ -87,8 +87,8 @@ def test_a_request_delays_the_ones_waiting_where_it_goes_by_its_own_prefill() ->
     """Each request there before its first token (the page's waiting, ours routed since) joins the step this
     request's prefill lengthens: delayed by that prefill (1,600 uncached tokens at 10,000 tokens/s), not by the
     queue ahead of it."""
-    waiting = replace(cand(A, 0, queued=5000, waiting=2), load=LoadSnapshot(known=True, waiting=2, queued_requests=1))
-    assert imposed_s(waiting, 1600, 16, PARAMS) == pytest.approx(3 * 0.16)
+    load = LoadSnapshot(known=True, queued_prefill_tokens=5000, waiting=2, inflight_requests=2, queued_requests=1)
+    assert imposed_s(replace(cand(A, 0), load=load), 1600, 16, PARAMS) == pytest.approx(3 * 0.16)
     assert imposed_s(cand(A, 99, waiting=2), 1600, 16, PARAMS) == pytest.approx(2 * 0.0016)  # warm: little to add
     assert imposed_s(cand(A, 0, queued=5000), 1600, 16, PARAMS) == 0.0  # nobody waits there
 

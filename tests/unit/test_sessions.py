@@ -40,7 +40,7 @@ def cand(
     queued: float = 0.0,
     running: int = 0,
     waiting: int = 0,
-    inflight: int = 0,
+    routed: int = 0,  # routed there since the last scrape, all before their predicted first tokens
     hits: int = 0,
     gap: float | None = None,
     hot: int | None = 0,
@@ -49,8 +49,8 @@ def cand(
     due: tuple[float, ...] = (),
 ) -> Candidate:
     load = LoadSnapshot(
-        known=True, queued_prefill_tokens=queued, running=running, waiting=waiting, queued_requests=inflight,
-        prefill_busy_s=busy, calls_due_s=due,
+        known=True, queued_prefill_tokens=queued, running=running, waiting=waiting, inflight_requests=routed,
+        queued_requests=routed, prefill_busy_s=busy, calls_due_s=due,
     )  # fmt: skip
     endpoint = Endpoint(eid, num_gpu_blocks=1024)
     return Candidate(
@@ -71,7 +71,7 @@ TABLE = [
     ([cand(A, 64, queued=500, running=16, hits=9), cand(B, 0, hot=1024)], 1280, A, Reason.CACHE,
      "no-room-for-the-copy-is-no-move"),
     # requests routed since the last scrape (10 ms each in the estimate) are a bridge, not load that lasts
-    ([cand(A, 64, inflight=5, hits=9), cand(B, 0)], 1280, A, Reason.CACHE, "routed-since-scrape-is-no-reason"),
+    ([cand(A, 64, routed=5, hits=9), cand(B, 0)], 1280, A, Reason.CACHE, "routed-since-scrape-is-no-reason"),
     # the piled backend's decode interference as learned: a prefix reused 3x pays for its copy only then
     ([cand(A, 64, queued=500, running=16, hits=2), cand(B, 0)], 1280, A, Reason.CACHE, "configured-cost-stays"),
     ([cand(A, 64, queued=500, running=16, hits=2, cost=PILED), cand(B, 0, cost=PILED)], 1280, B, Reason.MOVE,
