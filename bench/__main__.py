@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from bench.suite.cpu import CPU_FLEET, EngineMissing, require_engine, workloads_for
+from bench.suite.fleet import parse_picker_set
 from bench.suite.policies import POLICIES
 from bench.suite.workloads import ENGINES, WORKLOADS, Workload, trace_workload
 
@@ -70,19 +71,6 @@ def _parser() -> argparse.ArgumentParser:
         "--repeat", type=int, default=1, help="runs per cell (the median run by TTFT p90 is reported, with the spread)"
     )
     return p
-
-
-def _picker_set(items: list[str]) -> dict[str, dict[str, object]]:
-    import yaml
-
-    out: dict[str, dict[str, object]] = {}
-    for item in items:
-        path, _, value = item.partition("=")
-        section, _, key = path.partition(".")
-        if not section or not key or not _:
-            raise SystemExit(f"--picker-set wants SECTION.KEY=VALUE, got {item!r}")
-        out.setdefault(section, {})[key] = yaml.safe_load(value)
-    return out
 
 
 def _terminate(signum: int, _frame: object) -> None:
@@ -144,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             workloads=workloads, policies=policies, quick=args.quick, seed=args.seed, out=out,
             workdir=args.workdir or Path(tmp), concurrency=args.concurrency, request_timeout_s=timeout,
             rates=[float(r) for r in args.rates.split(",")] if args.rates else None, auto=args.policies == "auto",
-            picker_set=_picker_set(args.picker_set), repeat=args.repeat, engine=args.engine,
+            picker_set=parse_picker_set(args.picker_set), repeat=args.repeat, engine=args.engine,
             command="python -m bench " + shlex.join(argv if argv is not None else sys.argv[1:]),
         )  # fmt: skip
         run(opts)

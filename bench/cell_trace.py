@@ -7,7 +7,9 @@ suite does (cold caches, the same requests), then joins, per request:
 * the client's view: tenant, planned send time, TTFT (``bench.suite.client``);
 * the serving simulator's own record (``GET /sim/requests``): its arrival on the engine clock, queue time
   (arrival → first step that ran it), model TTFT (queue + prefill) and cached tokens;
-* our picker's decision line (``--picker-set`` sets INFO logging): reason, estimates, the picker's own ms.
+* our picker's decision line (logged at INFO): reason, estimates, the picker's own ms.
+
+``--picker-set SECTION.KEY=VALUE`` overrides the picker's config as in ``python -m bench``.
 
 It writes ``DIR/trace-<policy>-<rate>.jsonl`` (``-cell<N>`` added for a repeated rate; one object per
 request) and prints, per tenant, TTFT p90 as the client saw it beside the model's queue and prefill p90, and
@@ -27,7 +29,7 @@ from typing import Any
 
 from bench.suite import measure
 from bench.suite.client import Result, replay
-from bench.suite.fleet import Backends, start_router
+from bench.suite.fleet import Backends, parse_picker_set, start_router
 from bench.suite.policies import POLICIES
 from bench.suite.workloads import WORKLOADS, Plan
 from extproc import decision_line
@@ -122,7 +124,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rates", default="0,12")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument(
+        "--picker-set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override our picker's config (YAML value), as python -m bench does, e.g. scrape.interval_s=0.3",
+    )
     args = p.parse_args(argv)
+    picker_set = parse_picker_set(args.picker_set)
+    picker_set.setdefault("logging", {})["level"] = "INFO"  # the decision lines this joins
     w, policy = WORKLOADS[args.workload], POLICIES[args.policy]
     rates = [float(x) for x in args.rates.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -132,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if fleet.engine == "sim":  # as the suite does: no policy pays the simulator's first tokenization
             measure.warm_tokenizer(backends.addresses[0], plans)
-        router = start_router(policy, backends, args.out / policy.name, {"logging": {"level": "INFO"}})
+        router = start_router(policy, backends, args.out / policy.name, picker_set)
         try:
             for step, (rate, plan) in enumerate(zip(rates, plans, strict=True)):
                 rows = _cell(plan, backends, router, args.out / policy.name)

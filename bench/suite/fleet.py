@@ -138,6 +138,19 @@ class RouterUnavailable(RuntimeError):
     """The policy cannot run here (missing binary, failed start); the message says why."""
 
 
+def parse_picker_set(items: list[str]) -> dict[str, dict[str, Any]]:
+    """``--picker-set SECTION.KEY=VALUE`` items (VALUE read as YAML) as ``{section: {key: value}}``, the
+    ``picker_set`` of ``start_router``; SystemExit naming the item that is not of that form."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        path, eq, value = item.partition("=")
+        section, _, key = path.partition(".")
+        if not section or not key or not eq:
+            raise SystemExit(f"--picker-set wants SECTION.KEY=VALUE, got {item!r}")
+        out.setdefault(section, {})[key] = yaml.safe_load(value)
+    return out
+
+
 def start_router(policy: Policy, backends: Backends, workdir: Path, picker_set: dict[str, Any] | None = None) -> Router:
     """``picker_set``: ``{section: {key: value}}`` merged over every picker's config (``--picker-set``)."""
     workdir.mkdir(parents=True, exist_ok=True)

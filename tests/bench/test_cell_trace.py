@@ -2,8 +2,11 @@
 
 import json
 
+import pytest
+
 from bench.cell_trace import decisions, join, summary, trace_name
 from bench.suite.client import Result
+from bench.suite.fleet import parse_picker_set
 from bench.suite.workloads import Call, Plan, Session
 
 
@@ -40,3 +43,12 @@ def test_a_repeated_rate_gets_a_trace_file_per_cell() -> None:
     assert trace_name("precise", [6.0, 12.0], 1) == "trace-precise-12.jsonl"
     names = [trace_name("precise", [6.0, 6.0, 12.0], step) for step in range(3)]
     assert names == ["trace-precise-6-cell0.jsonl", "trace-precise-6-cell1.jsonl", "trace-precise-12.jsonl"]
+
+
+def test_picker_set_items_are_read_as_sections_of_yaml_values() -> None:
+    """``--picker-set`` as ``python -m bench`` and ``bench.cell_trace`` read it (``bench.suite.fleet``)."""
+    got = parse_picker_set(["scrape.interval_s=0.3", "scheduling.cost_model={learn: false}", "scrape.narrow_pages=no"])
+    assert got == {"scrape": {"interval_s": 0.3, "narrow_pages": False}, "scheduling": {"cost_model": {"learn": False}}}
+    for bad in ["interval_s=0.3", "scrape.interval_s", ".x=1"]:
+        with pytest.raises(SystemExit, match=r"SECTION\.KEY=VALUE"):
+            parse_picker_set([bad])
