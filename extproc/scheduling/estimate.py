@@ -143,9 +143,7 @@ def _floor_excess_s(terms: CostTerms, cost: LearnedCost, weighted_s: float) -> f
     return max(floor_s - weighted_s, 0.0)
 
 
-def imposed_s(
-    candidate: Candidate, prompt_tokens: int, block_size: int, params: EstimatorParams, floor_share: float = 0.0
-) -> float:
+def imposed_s(candidate: Candidate, prompt_tokens: int, block_size: int, params: EstimatorParams) -> float:
     """What sending this request to ``candidate`` adds to the TTFT of the requests there that have not started
     yet: the engine builds its next step from every request waiting at its start (up to its token budget), and a
     request's first token comes when its step ends, so this request's own prefill lengthens the step of each
@@ -161,7 +159,7 @@ def imposed_s(
     ahead = load.waiting + load.queued_requests
     if ahead <= 0:
         return 0.0
-    terms = cost_terms(candidate, prompt_tokens, block_size, params, floor_share)
+    terms = cost_terms(candidate, prompt_tokens, block_size, params)
     cost = candidate.cost or configured_cost(params)
     return ahead * cost.prefill_scale * terms.own_work_s * _slowdown(terms, cost)
 

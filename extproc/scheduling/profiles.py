@@ -108,7 +108,7 @@ class TtftProfile:
         """The warm endpoint's estimate against load that lasts, which a copy must beat: not the requests routed
         since the last scrape (a bridge until the scrape shows them; many are done). A prefill of ours that is
         predicted to run yet stays, at the busy floor's share (``floor_share``)."""
-        steady = replace(warm, load=replace(warm.load, inflight_requests=0, queued_requests=0))
+        steady = replace(warm, load=replace(warm.load, queued_requests=0))
         return estimate_ttft_s(steady, request.prompt_tokens, request.block_size, self.params, floor_share(request))
 
     def _place(
@@ -139,10 +139,9 @@ class TtftProfile:
             return _spread(est, best, self.tie_epsilon_s, rng)
         least = min(c.hot_blocks or 0 for c in near)
         # Among those, its own estimate and the delay its prefill adds to the requests waiting there: a momentary
-        # queue, so it chooses only here (ranking every candidate by it made the homes lean, docs/scheduling.md)
+        # queue, so it chooses only here (ranking every candidate by it made placements lean, docs/scheduling.md)
         coldest = {
-            c.endpoint.id: est[c.endpoint.id]
-            + imposed_s(c, request.prompt_tokens, request.block_size, self.params, floor_share(request))
+            c.endpoint.id: est[c.endpoint.id] + imposed_s(c, request.prompt_tokens, request.block_size, self.params)
             for c in near
             if c.hot_blocks == least
         }
