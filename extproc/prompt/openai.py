@@ -8,9 +8,9 @@ flags).
 
 Scalars (booleans, integers) and ``prompt`` are validated by pydantic in lax mode, as vLLM's request models
 do, so ``"stream": 1``, ``"add_generation_prompt": "false"`` or ``"prompt": [1.0, true]`` mean what they mean
-to vLLM (``True``, ``False``, ``[1, 1]``). JSON is decoded by the stdlib ``json`` module from bytes, as FastAPI
-does for vLLM (UTF-8/16/32 detection, ``NaN`` accepted, lone surrogates kept); nesting deeper than
-``MAX_DEPTH`` is refused.
+to vLLM (``True``, ``False``, ``[1, 1]``). JSON means what the stdlib ``json`` module makes of the bytes, as
+FastAPI does for vLLM (UTF-8/16/32 detection, ``NaN`` accepted, lone surrogates kept; ``json_value``); nesting
+deeper than ``MAX_DEPTH`` is refused.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 from pydantic import TypeAdapter, ValidationError
 
 from extproc.errors import BadRequest, BodyTooLarge, UnsupportedMediaType
@@ -28,6 +29,7 @@ from extproc.errors import BadRequest, BodyTooLarge, UnsupportedMediaType
 MAX_DEPTH = 64
 """Deepest JSON nesting accepted (a chat body needs ~6; tool schemas a little more)."""
 _CONTAINERS = (dict, list)
+_STRICT_JSON = msgspec.json.Decoder()  # stateless: decodes strict RFC 8259 JSON in UTF-8, refuses the rest
 
 CACHE_SALT_MAX_CHARS = 128  # vLLM validate_cache_salt (SPEC §5.1)
 _CACHE_SALT_FORBIDDEN = ("@", "/", "\\", "\x00")
@@ -133,9 +135,24 @@ def _check_content_type(content_type: str | None) -> None:
     raise UnsupportedMediaType(f"content-type {mime!r} is not supported; send application/json")
 
 
+def json_value(body: bytes) -> Any:
+    """``json.loads(body)``: the same value (types, key order, float bits) or the same exception.
+
+    msgspec's decoder computes it where it accepts the input, strict JSON in UTF-8, which is 2-3x faster than
+    ``json.loads`` on long bodies (a 100K-token agent context: 0.36 -> 0.19 ms in ASCII, 1.3 -> 0.8 ms with
+    accents). What it refuses and ``json`` takes (``NaN``, ``Infinity``, lone surrogate escapes, a BOM, UTF-16
+    or UTF-32, numbers past a double's range), and what neither takes, goes to ``json.loads``, whose answer or
+    error is the one returned. ``tests/prompt/test_json_value.py`` checks the equality on generated JSON.
+    """
+    try:
+        return _STRICT_JSON.decode(body)
+    except (msgspec.DecodeError, RecursionError):  # ValidationError is a DecodeError
+        return json.loads(body)
+
+
 def _decode(body: bytes) -> dict[str, Any]:
     try:
-        data = json.loads(body)
+        data = json_value(body)
     except RecursionError:
         raise BadRequest(f"JSON nested deeper than {MAX_DEPTH} levels") from None
     except (ValueError, TypeError) as exc:  # JSONDecodeError, UnicodeDecodeError, int-digits limit
