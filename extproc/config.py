@@ -436,6 +436,12 @@ class RedisIndexConfig(_IndexCommon):
         "stream), so every replica's hot sets, which place new prefixes and bound copies, count the whole "
         "fleet's traffic (docs/scheduling.md, Replicas as one)",
     )
+    share_busy: bool = Field(
+        False,
+        description="a reservation carries its request's predicted first token, and every replica's busy floor "
+        "counts the others' (docs/scheduling.md, One busy time): agents through two replicas at one replica's "
+        "TTFT p90, tenants at 8 req/s worse, so off until that is understood",
+    )
 
     @field_validator("url")
     @classmethod

@@ -147,6 +147,7 @@ class DeciderSettings:
     log_prompts: bool = False  # the decision line carries the body's first bytes (prompt text): opt-in only
     track_served: bool = False  # remember picks so ``on_served`` can compare (GIE response path)
     reserve_redecisions: int = 3  # with a shared load: decisions again after another replica reserved first
+    share_busy: bool = False  # with a shared load: reservations carry the predicted first token, read as busy floors
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,6 +265,7 @@ class LocalDecider:
 
         def decide(view: SharedQueues | None) -> Decided:
             queued = view.tokens if view is not None else {}
+            busy = view.busy_s if view is not None and self._settings.share_busy else {}
             candidates[:] = [
                 self._candidate(
                     states[e.id],
@@ -272,6 +274,7 @@ class LocalDecider:
                     queued.get(e.id, 0.0),
                     e.id in precise,
                     due.get(e.id, ()),
+                    busy.get(e.id, 0.0),
                 )
                 for e in endpoints
             ]
@@ -288,7 +291,8 @@ class LocalDecider:
             shared = fresher(shared, self._known)
             decided = decide(shared)
             timer.mark("score")
-            settled = await reserver.settle(shared, decided, decide, _uncached(routing), ids)
+            first_token = _first_token_in_s if self._settings.share_busy else None
+            settled = await reserver.settle(shared, decided, decide, _uncached(routing), ids, first_token)
             if settled.queues is not None:
                 self._known = settled.queues
             self._deps.metrics.reservations.labels(settled.outcome).inc()
@@ -403,10 +407,11 @@ class LocalDecider:
         shared_queued: float = 0.0,
         precise: bool = False,
         calls_due_s: tuple[float, ...] = (),
+        shared_busy_s: float = 0.0,
     ) -> Candidate:
         eid = record.endpoint.id
         now, stale_after_s = self._clock(), self._settings.stale_after_s
-        load = snapshot(record, self._deps.inflight, shared_queued, now, stale_after_s, calls_due_s)
+        load = snapshot(record, self._deps.inflight, shared_queued, now, stale_after_s, calls_due_s, shared_busy_s)
         occupancy = self._deps.occupancy
         shares = occupancy.view(eid) if occupancy is not None else None
         hot, hits, gap_s = None, 0, None
@@ -486,7 +491,8 @@ class LocalDecider:
                 pick, routing.block_hashes, decision.cached_tokens // routing.block_size, placed=placed
             )
         if self._deps.shared_load is not None and not shared_reserved:
-            self._spawn(self._deps.shared_load.add(pick, uncached))
+            busy_s = (first_token_in_s or 0.0) if self._settings.share_busy else 0.0
+            self._spawn(self._deps.shared_load.add(pick, uncached, busy_s))
         if self._deps.occupancy is not None:
             cached_blocks = decision.cached_tokens // routing.block_size
             self._deps.occupancy.routed(pick, routing.tenant.cls, routing.block_hashes, cached_blocks, uncached)
@@ -581,6 +587,15 @@ class LocalDecider:
     def _ttft_ratio(self, endpoint: EndpointId) -> float:
         """The pick's measured actual / predicted TTFT so far (1.0 until calibration has measured it)."""
         return self._deps.calibration.ratio(endpoint) if self._deps.calibration else 1.0
+
+
+def _first_token_in_s(decided: Decided) -> float:
+    """Seconds to the pick's predicted first token, which keeps it busy prefilling (0: not estimated, or
+    disaggregated: the pick receives the KV instead of prefilling it), as ``_record`` tells ``InflightLoad``."""
+    decision, split = decided
+    if split is not None and split.prefill is not None:
+        return 0.0
+    return decision.estimates_s.get(decision.endpoints[0], 0.0)
 
 
 def _uncached(routing: RoutingRequest) -> Callable[[Decided], int]:

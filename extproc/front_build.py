@@ -152,6 +152,7 @@ def router_settings(config: RouterConfig) -> RouterSettings:
             log_prompts=config.logging.log_prompts,
             track_served=not config.protocol.close_after_pick,
             reserve_redecisions=config.index.reserve_redecisions if isinstance(config.index, RedisIndexConfig) else 0,
+            share_busy=config.index.share_busy if isinstance(config.index, RedisIndexConfig) else False,
         ),
     )
 

@@ -28,6 +28,7 @@ _log = logging.getLogger(__name__)
 Decided = tuple[Decision, PdChoice | None]
 Redecide = Callable[[SharedQueues], Decided]  # the profile's pure decision on a fresh shared view
 Uncached = Callable[[Decided], int]  # the prefill a decision reserves on its pick (0: nothing to reserve)
+FirstToken = Callable[[Decided], float]  # seconds to the decision's predicted first token on its pick (0: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,9 +57,17 @@ class Reserver:
         self._orphans = orphans
 
     async def settle(
-        self, view: SharedQueues, decided: Decided, redecide: Redecide, uncached: Uncached, endpoints: list[EndpointId]
+        self,
+        view: SharedQueues,
+        decided: Decided,
+        redecide: Redecide,
+        uncached: Uncached,
+        endpoints: list[EndpointId],
+        first_token: FirstToken | None = None,
     ) -> Settled:
-        """Reserve ``decided``'s pick, deciding again while another replica got there first (see the module)."""
+        """Reserve ``decided``'s pick, deciding again while another replica got there first (see the module).
+        ``first_token``: when the reserved request's first token is predicted, reserved with it (the pick then
+        reads busy until then to every replica)."""
         loop = asyncio.get_running_loop()
         ends_at = loop.time() + self._deadline_s
         for attempt in range(self._redecisions + 1):
@@ -69,7 +78,8 @@ class Reserver:
             last = attempt == self._redecisions
             version = ANY_VERSION if last else view.versions.get(pick, 0)
             late = [False]  # set when the decider stops waiting: a stale answer then reserves anyway
-            call = self._attempt(pick, tokens, version, endpoints, late)
+            busy_s = first_token(decided) if first_token is not None else 0.0
+            call = self._attempt(pick, tokens, version, endpoints, late, busy_s)
             try:
                 done = await within_or_orphan(call, max(ends_at - loop.time(), 0.0), self._orphans)
             except TimeoutError:
@@ -86,13 +96,13 @@ class Reserver:
         raise AssertionError("the last attempt reserves whatever the version")  # pragma: no cover
 
     async def _attempt(
-        self, pick: EndpointId, tokens: int, version: int, endpoints: list[EndpointId], late: list[bool]
+        self, pick: EndpointId, tokens: int, version: int, endpoints: list[EndpointId], late: list[bool], busy_s: float
     ) -> Reservation:
         """One reservation; if the decider stopped waiting (``late[0]``) and it came back stale, the route went
         out with this pick anyway, so its prefill is reserved whatever the version."""
-        done = await self._load.reserve(pick, tokens, version, endpoints)
+        done = await self._load.reserve(pick, tokens, version, endpoints, busy_s)
         if late[0] and not done.reserved:
-            await self._load.add(pick, tokens)
+            await self._load.add(pick, tokens, busy_s)
         return done
 
 
@@ -104,4 +114,6 @@ def fresher(read: SharedQueues, known: SharedQueues) -> SharedQueues:
     for e, v in known.versions.items():
         if e in versions and v > versions[e]:
             tokens[e], versions[e] = known.tokens[e], v
-    return SharedQueues(tokens, versions)
+    # how long each endpoint is busy stays the read's: it is the later view, and what this replica reserved
+    # after it is in its own InflightLoad's busy time
+    return SharedQueues(tokens, versions, read.busy_s)

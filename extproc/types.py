@@ -59,7 +59,7 @@ class LoadSnapshot:
     scraped_at_s: float = 0.0  # monotonic
     inflight_requests: int = 0  # routed by us since what the last scrape can show (InflightLoad)
     queued_requests: int = 0  # of those, the ones before their predicted first token by our clock (the estimate's)
-    prefill_busy_s: float = 0.0  # until the predicted first token of the last request we routed (InflightLoad)
+    prefill_busy_s: float = 0.0  # until the latest predicted first token routed there (ours, or any replica's shared)
     queued_prefill_tokens: float = 0.0  # uncached prompt tokens we estimate are still ahead in its queue
     # seconds until each chain's next call is expected here (negative: a little late), from what we routed
     # (``scheduling.due_calls``); empty when no chain is measured

@@ -33,6 +33,7 @@ def snapshot(
     now_s: float,
     stale_after_s: float,
     calls_due_s: tuple[float, ...] = (),
+    shared_busy_s: float = 0.0,
 ) -> LoadSnapshot:
     """The load the profile sees for ``record``'s endpoint at ``now_s``.
 
@@ -41,7 +42,9 @@ def snapshot(
     of the same queue: our own virtual queue, every replica's shared one (``shared_queued``, 0 when unshared),
     and the scraped waiting requests, sized as the last ones we routed there and aged by the page's age
     (``RoutedLoad.waiting_left``), which also says how many of them still wait (``LoadSnapshot.waiting``).
-    ``calls_due_s``: the chains' calls due there (``scheduling.due_calls``), passed through.
+    ``calls_due_s``: the chains' calls due there (``scheduling.due_calls``), passed through. The busy floor is
+    the later of our own requests' predicted first tokens there and every replica's (``shared_busy_s``, 0 when
+    unshared).
     """
     eid = record.endpoint.id
     known = record.load_known(now_s, stale_after_s)
@@ -56,7 +59,7 @@ def snapshot(
         scraped_at_s=record.scraped_at_s,
         inflight_requests=routed.routed_since_scrape(eid),
         queued_requests=routed.queued_since_scrape(eid),
-        prefill_busy_s=routed.busy_s(eid),
+        prefill_busy_s=max(routed.busy_s(eid), shared_busy_s),
         queued_prefill_tokens=queued,
         calls_due_s=calls_due_s,
     )

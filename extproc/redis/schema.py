@@ -23,7 +23,9 @@ Key schema (``ns`` = the namespace, default ``"kvidx"``; ``<h>`` = a BlockHash a
                                 seq, digest = the last batch applied to the index (its sequence number and the
                                 first 8 bytes of blake2b of its payload): where a new owner resumes
     {ns}:load           HASH    field = endpoint id, value = "<tokens>:<updated_ms>:<version>" (``shared_load.py``;
-                                version = reservations so far, "<tokens>:<updated_ms>" reads as version 0)
+                                version = reservations so far, "<tokens>:<updated_ms>" reads as version 0);
+                                field = "<endpoint id>#busy", value = the latest predicted first token of a
+                                reservation there, in server ms
     {ns}:touches        STREAM  field t = a batch of one replica's touches: where it routed and what each request
                                 hit, placed and stored there (``touches.py``); trimmed to about 1,024 entries
 
@@ -88,6 +90,12 @@ class Schema:
     def load(self) -> bytes:
         """The shared load's HASH."""
         return self.prefix + b"load"
+
+    @staticmethod
+    def busy_field(endpoint: EndpointId) -> str:
+        """The shared load's field for how long ``endpoint`` is busy (``lua/shared_load.lua`` builds the same
+        name: the endpoint id and ``#busy``)."""
+        return f"{endpoint}#busy"
 
     @property
     def touches(self) -> bytes:

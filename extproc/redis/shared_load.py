@@ -10,6 +10,11 @@ Each queue carries a **version**, bumped by every reservation on it (draining ne
 decided on version v of its pick's queue and finds v still there knows its decision saw every other replica's
 reservation on that endpoint. (A reservation elsewhere only makes the other candidates worse, never the pick.)
 
+A reservation also carries its request's predicted first token, and each endpoint answers with how long the
+latest of those is still ahead (``SharedQueues.busy_s``): the engine prefills one step at a time, so a request
+arriving while another replica's is predicted to prefill starts after it, whatever the token queue drained
+(the estimate's busy floor, which each replica otherwise knows only for its own requests).
+
 A reservation expires by itself (it drains away), which bounds the damage of a replica that dies mid-burst.
 If Redis is slow or down, callers fall back to their own replica-local ``InflightLoad``.
 
@@ -19,7 +24,7 @@ Key: ``{ns}:load`` (``schema.py``; the hash tag keeps it on one Redis Cluster sl
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from extproc.redis.client import RedisClient, call_within, client_for
@@ -36,11 +41,13 @@ class SharedLoadUnavailable(Exception):
 
 @dataclass(frozen=True, slots=True)
 class SharedQueues:
-    """Every replica's queued prefill per endpoint at one moment, ``{endpoint: tokens}``, and each queue's
-    version ``{endpoint: reservations so far}`` (0 for an endpoint nobody reserved on)."""
+    """Every replica's queued prefill per endpoint at one moment, ``{endpoint: tokens}``, each queue's version
+    ``{endpoint: reservations so far}`` (0 for an endpoint nobody reserved on), and ``{endpoint: seconds}``
+    until the latest predicted first token any replica reserved there (0 or absent: none ahead)."""
 
     tokens: Mapping[EndpointId, float]
     versions: Mapping[EndpointId, int]
+    busy_s: Mapping[EndpointId, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,15 +66,17 @@ class SharedQueue(Protocol):
         """Every endpoint's queued prefill tokens and version now."""
         ...
 
-    async def add(self, endpoint: EndpointId, tokens: int) -> None:
-        """Reserve ``tokens`` of prefill on ``endpoint``, whatever its version."""
+    async def add(self, endpoint: EndpointId, tokens: int, busy_s: float = 0.0) -> None:
+        """Reserve ``tokens`` of prefill on ``endpoint``, whatever its version; ``busy_s``: its predicted first
+        token is that far ahead (0: not estimated), so the endpoint reads busy until then."""
         ...
 
     async def reserve(
-        self, pick: EndpointId, tokens: int, version: int, endpoints: Sequence[EndpointId]
+        self, pick: EndpointId, tokens: int, version: int, endpoints: Sequence[EndpointId], busy_s: float = 0.0
     ) -> Reservation:
-        """Reserve ``tokens`` on ``pick`` if its version is still ``version`` (``ANY_VERSION``: in any case);
-        answer with ``endpoints``' queues after it, in the same step (atomic across replicas)."""
+        """Reserve ``tokens`` (and ``busy_s``, as ``add``) on ``pick`` if its version is still ``version``
+        (``ANY_VERSION``: in any case); answer with ``endpoints``' queues after it, in the same step (atomic across
+        replicas)."""
         ...
 
     async def forget(self, endpoint: EndpointId) -> None:
@@ -94,34 +103,39 @@ class SharedLoad:
     async def read(self, endpoints: Sequence[EndpointId]) -> SharedQueues:
         if not endpoints:
             return SharedQueues({}, {})
-        return (await self._run("", 0, ANY_VERSION, endpoints)).queues
+        return (await self._run("", 0, ANY_VERSION, endpoints, 0.0)).queues
 
     async def queued(self, endpoints: Sequence[EndpointId]) -> Mapping[EndpointId, float]:
         """Every endpoint's queued prefill tokens now (``read`` without the versions)."""
         return (await self.read(endpoints)).tokens
 
-    async def add(self, endpoint: EndpointId, tokens: int) -> None:
+    async def add(self, endpoint: EndpointId, tokens: int, busy_s: float = 0.0) -> None:
         if tokens > 0:
-            await self._run(endpoint, tokens, ANY_VERSION, [endpoint])
+            await self._run(endpoint, tokens, ANY_VERSION, [endpoint], busy_s)
 
     async def reserve(
-        self, pick: EndpointId, tokens: int, version: int, endpoints: Sequence[EndpointId]
+        self, pick: EndpointId, tokens: int, version: int, endpoints: Sequence[EndpointId], busy_s: float = 0.0
     ) -> Reservation:
-        return await self._run(pick, tokens, version, endpoints if pick in endpoints else [pick, *endpoints])
+        listed = endpoints if pick in endpoints else [pick, *endpoints]
+        return await self._run(pick, tokens, version, listed, busy_s)
 
     async def forget(self, endpoint: EndpointId) -> None:
-        await self._call(self._r.hdel(self._key, endpoint))
+        await self._call(self._r.hdel(self._key, endpoint, Schema.busy_field(endpoint)))
 
     async def close(self) -> None:
         await self._r.aclose()
 
-    async def _run(self, pick: str, tokens: int, version: int, endpoints: Sequence[EndpointId]) -> Reservation:
-        args: list[str | int | float] = [self._rate, pick, max(tokens, 0), version, *endpoints]
+    async def _run(
+        self, pick: str, tokens: int, version: int, endpoints: Sequence[EndpointId], busy_s: float
+    ) -> Reservation:
+        busy_ms = max(round(busy_s * 1000), 0)
+        args: list[str | int | float] = [self._rate, pick, max(tokens, 0), version, busy_ms, *endpoints]
         out = await self._call(self._script(keys=[self._key], args=args))
-        tokens_by, versions = {}, {}
+        tokens_by, versions, busy_by = {}, {}, {}
         for k, e in enumerate(endpoints):
-            tokens_by[e], versions[e] = float(out[1 + 2 * k]), int(out[2 + 2 * k])
-        return Reservation(out[0] in (b"1", "1"), SharedQueues(tokens_by, versions))
+            tokens_by[e], versions[e] = float(out[1 + 3 * k]), int(out[2 + 3 * k])
+            busy_by[e] = int(out[3 + 3 * k]) / 1000
+        return Reservation(out[0] in (b"1", "1"), SharedQueues(tokens_by, versions, busy_by))
 
     async def _call(self, awaitable: Any) -> Any:
         return await call_within(self._r, awaitable, self._timeout_s, SharedLoadUnavailable)

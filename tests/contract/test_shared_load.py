@@ -136,3 +136,32 @@ async def test_forget_drops_the_queue(replicas: Replicas) -> None:
     await load.forget(A)
     view = await load.read([A])
     assert view.tokens[A] == 0.0 and view.versions[A] == 0
+
+
+async def test_a_reservation_keeps_its_endpoint_busy_for_every_replica(replicas: Replicas) -> None:
+    one, two = replicas.make(), replicas.make()
+    started = time.monotonic()
+    assert (await one.reserve(A, 100, 0, [A, B], busy_s=0.3)).reserved
+    view = await two.read([A, B])
+    assert 0.3 - (time.monotonic() - started) - SERVER_TICK_S <= view.busy_s[A] <= 0.3 and view.busy_s[B] == 0.0
+    await two.add(A, 100, busy_s=0.05)  # a nearer first token does not shorten it
+    assert (await one.read([A])).busy_s[A] >= 0.3 - (time.monotonic() - started) - SERVER_TICK_S
+    await two.add(B, 100)  # no estimate: tokens only
+    assert (await one.read([B])).busy_s[B] == 0.0
+    await replicas.advance(0.35)
+    assert (await two.read([A])).busy_s[A] == 0.0
+
+
+async def test_a_stale_reservation_keeps_nothing_busy(replicas: Replicas) -> None:
+    one, two = replicas.make(), replicas.make()
+    seen = await one.read([A])
+    await two.add(A, 500)
+    stale = await one.reserve(A, 100, seen.versions[A], [A], busy_s=0.3)
+    assert not stale.reserved and stale.queues.busy_s[A] == 0.0
+
+
+async def test_forget_drops_the_busy_time_too(replicas: Replicas) -> None:
+    load = replicas.make()
+    await load.add(A, 1000, busy_s=5.0)
+    await load.forget(A)
+    assert (await load.read([A])).busy_s[A] == 0.0

@@ -15,12 +15,14 @@ from extproc.types import EndpointId
 
 
 class MemorySharedLoad:
-    """``{endpoint: (tokens, updated_at_s, version)}``, draining at ``prefill_tokens_per_s`` on ``clock``."""
+    """``{endpoint: (tokens, updated_at_s, version)}``, draining at ``prefill_tokens_per_s`` on ``clock``, and
+    ``{endpoint: busy until (clock)}``."""
 
     def __init__(self, prefill_tokens_per_s: float, clock: Callable[[], float], *, delay_s: float = 0.0) -> None:
         self._rate = prefill_tokens_per_s
         self._clock = clock
         self._queues: dict[EndpointId, tuple[float, float, int]] = {}
+        self._busy_until: dict[EndpointId, float] = {}
         self.delay_s = delay_s
         self.down = False
         self.calls: list[str] = []  # "read" | "add" | "reserve", in arrival order
@@ -31,20 +33,20 @@ class MemorySharedLoad:
         await self._answer()
         return view
 
-    async def add(self, endpoint: EndpointId, tokens: int) -> None:
+    async def add(self, endpoint: EndpointId, tokens: int, busy_s: float = 0.0) -> None:
         self._arrive("add")
         if tokens > 0:
-            self._put(endpoint, tokens)
+            self._put(endpoint, tokens, busy_s)
         await self._answer()
 
     async def reserve(
-        self, pick: EndpointId, tokens: int, version: int, endpoints: Sequence[EndpointId]
+        self, pick: EndpointId, tokens: int, version: int, endpoints: Sequence[EndpointId], busy_s: float = 0.0
     ) -> Reservation:
         self._arrive("reserve")
         current = self._now(pick)[1]
         reserved = tokens > 0 and version in (ANY_VERSION, current)
         if reserved:
-            self._put(pick, tokens)
+            self._put(pick, tokens, busy_s)
         view = self._view(endpoints if pick in endpoints else [pick, *endpoints])
         await self._answer()
         return Reservation(reserved, view)
@@ -52,6 +54,7 @@ class MemorySharedLoad:
     async def forget(self, endpoint: EndpointId) -> None:
         self._arrive("forget")
         self._queues.pop(endpoint, None)
+        self._busy_until.pop(endpoint, None)
         await self._answer()
 
     async def close(self) -> None:
@@ -69,10 +72,13 @@ class MemorySharedLoad:
         tokens, at, version = self._queues.get(endpoint, (0.0, self._clock(), 0))
         return max(0.0, tokens - self._rate * max(0.0, self._clock() - at)), version
 
-    def _put(self, endpoint: EndpointId, tokens: int) -> None:
+    def _put(self, endpoint: EndpointId, tokens: int, busy_s: float) -> None:
         queued, version = self._now(endpoint)
         self._queues[endpoint] = (queued + tokens, self._clock(), version + 1)
+        if busy_s > 0:
+            self._busy_until[endpoint] = max(self._busy_until.get(endpoint, 0.0), self._clock() + busy_s)
 
     def _view(self, endpoints: Sequence[EndpointId]) -> SharedQueues:
         now = {e: self._now(e) for e in endpoints}
-        return SharedQueues({e: q for e, (q, _) in now.items()}, {e: v for e, (_, v) in now.items()})
+        busy = {e: max(self._busy_until.get(e, 0.0) - self._clock(), 0.0) for e in endpoints}
+        return SharedQueues({e: q for e, (q, _) in now.items()}, {e: v for e, (_, v) in now.items()}, busy)

@@ -113,3 +113,16 @@ TABLE = [
 )
 def test_snapshot(record: EndpointRecord, routed: Routed, shared: float, now: float, expected: LoadSnapshot) -> None:
     assert snapshot(record, routed, shared, now, STALE_AFTER_S) == expected
+
+
+@pytest.mark.parametrize(
+    ("ours_s", "shared_s", "expected_s"),
+    [(0.0, 0.0, 0.0), (0.05, 0.0, 0.05), (0.0, 0.08, 0.08), (0.05, 0.08, 0.08), (0.08, 0.05, 0.08)],
+    ids=["none", "ours", "another-replicas", "theirs-later", "ours-later"],
+)
+def test_the_busy_floor_is_the_later_of_ours_and_every_replicas(
+    ours_s: float, shared_s: float, expected_s: float
+) -> None:
+    """Another replica's request predicted to prefill there keeps the endpoint busy as one of ours would."""
+    seen = snapshot(scraped(), Routed(busy=ours_s), 0.0, 10.0, STALE_AFTER_S, shared_busy_s=shared_s)
+    assert seen.prefill_busy_s == expected_s

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from extproc.decider import Ask, DeciderSettings, LocalDecider, _uncached
+from extproc.decider import Ask, DeciderSettings, LocalDecider, _first_token_in_s, _uncached
 from extproc.redis.shared_load import SharedQueues
 from extproc.reservations import Decided, Reserver
 from extproc.router import RouterSettings
@@ -41,9 +41,9 @@ def reserver(load: MemorySharedLoad, orphans: set[asyncio.Task[Any]], **kw: Any)
 class Beaten(MemorySharedLoad):
     """Another replica reserves on the pick just before each of ours arrives."""
 
-    async def reserve(self, pick: EndpointId, tokens: int, version: int, endpoints: Any) -> Any:
+    async def reserve(self, pick: EndpointId, tokens: int, version: int, endpoints: Any, busy_s: float = 0.0) -> Any:
         await MemorySharedLoad.add(self, pick, 1)
-        return await super().reserve(pick, tokens, version, endpoints)
+        return await super().reserve(pick, tokens, version, endpoints, busy_s)
 
 
 @pytest.mark.parametrize(
@@ -128,12 +128,12 @@ def ask(i: int) -> Ask:
     return Ask(f"r{i}", "m", "m", None, 1000, HashScheme(), hashes)
 
 
-def replicas(load: MemorySharedLoad, redecisions: int = 3, n: int = 2) -> list[LocalDecider]:
+def replicas(load: MemorySharedLoad, redecisions: int = 3, n: int = 2, share_busy: bool = False) -> list[LocalDecider]:
     """``n`` pickers sharing ``load``, each with its own approximate index and in-flight view, and the same
     random tie-breaks (so, without the reservation step, simultaneous decisions would agree and pile up)."""
     out = []
     for _ in range(n):
-        settings = RouterSettings(decider=DeciderSettings(reserve_redecisions=redecisions))
+        settings = RouterSettings(decider=DeciderSettings(reserve_redecisions=redecisions, share_busy=share_busy))
         router, _, _ = make_router(shared_load=load, settings=settings)
         decider = router.decider
         assert isinstance(decider, LocalDecider)
@@ -174,10 +174,34 @@ async def test_replicas_with_the_shared_load_down_still_decide_at_once() -> None
 
 def test_a_disaggregated_pick_reserves_nothing() -> None:
     routing = ask(0).routing(Tenant())
-    decision = Decision((A,), Reason.LOAD, cached_tokens=320)
-    assert _uncached(routing)((decision, None)) == 680
+    decision = Decision((A,), Reason.LOAD, cached_tokens=320, estimates_s={A: 0.25, B: 0.3})
+    assert _uncached(routing)((decision, None)) == 680 and _first_token_in_s((decision, None)) == 0.25
     split = PdChoice(prefill=B, reason=PdReason.DISAGG, uncached_tokens=680, local_s=1.0)
-    assert _uncached(routing)((decision, split)) == 0
+    assert _uncached(routing)((decision, split)) == 0 and _first_token_in_s((decision, split)) == 0.0
+
+
+async def test_without_share_busy_a_reservation_keeps_nothing_busy() -> None:
+    load = MemorySharedLoad(1.0, FakeClock())
+    first, _ = replicas(load)
+    route = await first.decide(ask(0))
+    assert isinstance(route, Route) and set((await load.read(IDS)).busy_s.values()) == {0.0}
+
+
+async def test_a_reservation_keeps_the_pick_busy_for_the_other_replica() -> None:
+    """With ``share_busy`` the reservation carries the pick's predicted first token: the other replica's next
+    decision sees the endpoint busy until then, as the replica that routed there does (its own ``InflightLoad``)."""
+    load = MemorySharedLoad(1.0, FakeClock())
+    first, second = replicas(load, share_busy=True)
+    route = await first.decide(ask(0))
+    assert isinstance(route, Route)
+    pick = route.endpoints[0]
+    ours_s = first._deps.inflight.busy_s(pick)
+    assert ours_s > 0 and (await load.read(IDS)).busy_s == {
+        pick: pytest.approx(ours_s, abs=0.01),  # the decider runs on the real clock, the fake load on its own
+        **{e: 0.0 for e in IDS if e != pick},
+    }
+    theirs = second._candidate(second._deps.registry.snapshot()[pick], [], 0, shared_busy_s=ours_s)
+    assert second._deps.inflight.busy_s(pick) == 0.0 and theirs.load.prefill_busy_s == ours_s
 
 
 async def test_a_replicas_own_burst_is_decided_in_turn_with_its_record() -> None:
