@@ -437,10 +437,10 @@ class RedisIndexConfig(_IndexCommon):
         "fleet's traffic (docs/scheduling.md, Replicas as one)",
     )
     share_busy: bool = Field(
-        False,
+        True,
         description="a reservation carries its request's predicted first token, and every replica's busy floor "
-        "counts the others' (docs/scheduling.md, One busy time): agents through two replicas at one replica's "
-        "TTFT p90, tenants at 8 req/s worse, so off until that is understood",
+        "counts the others' (docs/scheduling.md, One busy time); off, a replica sees only its own requests' busy "
+        "time (agents through two replicas 1.24x one replica's TTFT p90 at 6 req/s, against 1.05x)",
     )
 
     @field_validator("url")

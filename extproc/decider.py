@@ -147,7 +147,7 @@ class DeciderSettings:
     log_prompts: bool = False  # the decision line carries the body's first bytes (prompt text): opt-in only
     track_served: bool = False  # remember picks so ``on_served`` can compare (GIE response path)
     reserve_redecisions: int = 3  # with a shared load: decisions again after another replica reserved first
-    share_busy: bool = False  # with a shared load: reservations carry the predicted first token, read as busy floors
+    share_busy: bool = True  # with a shared load: reservations carry the predicted first token, read as busy floors
 
 
 @dataclass(frozen=True, slots=True)
