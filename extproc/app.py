@@ -97,7 +97,8 @@ class App:
         self.indexes = build_indexes(config.index, self._approx_capacity, config.scheduling.prefill_tokens_per_s)
         touches = self.indexes.touches
         # per endpoint, the cached blocks recent requests hit (with replicas, every replica's requests)
-        self.hot_blocks = HotBlocks(self._kv_blocks, on_touch=None if touches is None else touches.publish)
+        hot_sets = touches if self.indexes.share_hot_sets else None
+        self.hot_blocks = HotBlocks(self._kv_blocks, on_touch=None if hot_sets is None else hot_sets.publish)
         self.precise, self.approx = self.indexes.precise, self.indexes.approx
         self.shared_load = self.indexes.shared_load
         self.scraper = Scraper(
@@ -126,7 +127,8 @@ class App:
             sources_from_config(config.endpoints), writes, self.approx, self._scheme_of, leases=self.indexes.leases,
             options=SubscriberOptions(paced=config.scrape.paced_kv_events),
         )  # fmt: skip
-        self.calibration = TtftCalibration(self.metrics, cost_learning(config.scheduling))
+        shared = touches.publish_prediction if touches is not None and self.indexes.share_predictions else None
+        self.calibration = TtftCalibration(self.metrics, cost_learning(config.scheduling), on_predicted=shared)
         forgets = [self.calibration.forget, self.hot_blocks.cleared]
         forgets += [] if self.occupancy is None else [self.occupancy.cleared]
         self.lifecycle = EndpointLifecycle(self.registry, self.scraper.set_targets, self.feed, self.indexes,
@@ -244,7 +246,10 @@ class App:
         await self.scraper.start()
         self.feed.start()
         if self.indexes.touches is not None:
-            self.indexes.touches.follow(self.hot_blocks.heard)
+            self.indexes.touches.follow(
+                self.hot_blocks.heard if self.indexes.share_hot_sets else None,
+                self.calibration.heard if self.indexes.share_predictions else None,
+            )
         if self.config.workers.fronts:
             self.workers = FrontWorkers(self.config, self._base, self.decider, self.metrics.registry)
         else:

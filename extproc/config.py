@@ -436,6 +436,12 @@ class RedisIndexConfig(_IndexCommon):
         "stream), so every replica's hot sets, which place new prefixes and bound copies, count the whole "
         "fleet's traffic (docs/scheduling.md, Replicas as one)",
     )
+    share_predictions: bool = Field(
+        True,
+        description="tell the other replicas each request's predicted TTFT (on the hot sets' stream), so every "
+        "replica's calibration pairs an engine's first tokens with the whole fleet's requests, not half of them "
+        "(docs/scheduling.md, One calibration)",
+    )
     share_busy: bool = Field(
         True,
         description="a reservation carries its request's predicted first token, and every replica's busy floor "

@@ -39,7 +39,9 @@ class Indexes:
     writes: IndexWrites
     leases: StreamLeases | None = None
     shared_load: SharedLoad | None = None
-    touches: SharedTouches | None = None  # where the other replicas routed, for the hot sets
+    touches: SharedTouches | None = None  # where the other replicas routed and what they predicted there
+    share_hot_sets: bool = False  # ``touches`` carries the hot sets' touches
+    share_predictions: bool = False  # ``touches`` carries the calibration's predictions
     counters: list[tuple[str, object]] = field(default_factory=list)  # extra groups for router_kv_<group>_*
     # {"precise" | "approx": the in-memory index whose size can be read without I/O}; a Redis-only index is absent
     sizes: dict[str, MemoryPrefixIndex | ChainIndex] = field(default_factory=dict)
@@ -73,9 +75,10 @@ def build_indexes(config: IndexConfig, approx_capacity: Capacity, prefill_tokens
     )
     indexes = Indexes(shared, approx, writes=shared, shared_load=load, counters=[("redis_lookups", shared.lookups)],
                       sizes={"approx": local})  # fmt: skip
-    if config.share_hot_sets:
+    if config.share_hot_sets or config.share_predictions:
         indexes.touches = SharedTouches.from_url(config.url, namespace=config.namespace, timeout_s=config.timeout_s)
         indexes.counters.append(("touches", indexes.touches.counters))
+        indexes.share_hot_sets, indexes.share_predictions = config.share_hot_sets, config.share_predictions
     if config.leases.enabled:
         owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         leases = StreamLeases(client, owner, namespace=config.namespace, ttl_s=config.leases.ttl_s,

@@ -159,6 +159,18 @@ class LearnedCost:
 
 
 @dataclass(frozen=True, slots=True)
+class Prediction:
+    """A routed request's predicted time to first token on its endpoint and the estimate's terms behind it, as the
+    calibration pairs it with the engine's count (``backends.calibration``); replicas sharing Redis tell each other
+    theirs (``redis.touches``), so each pairs the engine's first tokens with every replica's requests."""
+
+    endpoint: EndpointId
+    ttft_s: float
+    features: tuple[float, ...] = ()  # ``CostTerms.features()``; empty: nothing to learn from
+    fixed_s: float = 0.0  # the estimate's unlearned terms
+
+
+@dataclass(frozen=True, slots=True)
 class Touch:
     """What one routed request did to its endpoint's prefix cache, as the hot sets count it
     (``backends.hot_blocks``); replicas sharing Redis tell each other theirs (``redis.touches``)."""

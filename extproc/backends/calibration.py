@@ -11,8 +11,13 @@ in it (until December 2026) did not: replayed from a cell trace of unique prompt
 error's p50 is 0.17, routed-against-finished intervals' 0.28, paired intervals' 0.17
 (bench/results/fifo-calibration).
 The pairing is exact when every request the engine counts was routed by this picker, in order; another
-router's requests in the same engine (a second replica, a fail-open request) make an interval's sets differ,
-and a prediction the engine never counts (an aborted request) is dropped after ``ABANDONED_S``.
+router's requests in the same engine (a fail-open request, a replica that does not share its predictions) make an
+interval's sets differ, and a prediction the engine never counts (an aborted request) is dropped after
+``ABANDONED_S``. Replicas sharing Redis tell each other every prediction (``on_predicted`` publishes ours,
+``heard`` queues theirs in arrival order, ``redis.touches``): each pairs the engine's first tokens with the whole
+fleet's requests. Without them, two replicas each paired half an engine's requests with the engine's count: the
+error's p50 bucket 0.2-0.5 on documents and mooncake where one replica's was 0.1-0.3
+(``bench/results/shared-predictions/notes.md``).
 
 **Learning** (``CostLearning``; ``docs/scheduling.md``). The estimate is linear in four weights of its own terms
 (``types.LearnedCost``): a fixed per-request cost, the prefill rate, the decode interference per running request
@@ -35,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from extproc.backends.vllm_metrics import PhaseTotals
-from extproc.types import EndpointId, LearnedCost
+from extproc.types import EndpointId, LearnedCost, Prediction
 
 _RATIO_WEIGHT = 0.1  # each interval's share of the running actual / predicted ratio
 _RMS_WEIGHT = 0.05  # each interval's share of a feature's running mean square
@@ -112,10 +117,19 @@ class TtftCalibration:
     """Per endpoint: the predictions no first token was paired with yet, the engine's totals at the last
     interval's end, the running ratio and the learned weights."""
 
-    def __init__(self, sink: ErrorSink, learning: CostLearning, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        sink: ErrorSink,
+        learning: CostLearning,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        on_predicted: Callable[[Prediction], None] | None = None,
+    ) -> None:
+        """``on_predicted``: told each prediction this replica makes (``predicted``), for the other replicas."""
         self._sink = sink
         self._learning = learning
         self._clock = clock
+        self._on_predicted = on_predicted
         self._eps: dict[EndpointId, _Endpoint] = {}
 
     def predicted(
@@ -123,9 +137,21 @@ class TtftCalibration:
     ) -> None:
         """The decision routed a request to ``endpoint`` expecting ``ttft_s``, from the estimate's ``features``
         (``CostTerms.features()``; empty: nothing to learn from) and unlearned ``fixed_s``."""
-        ep = self._eps.setdefault(endpoint, _Endpoint())
+        prediction = Prediction(endpoint, ttft_s, tuple(features[:_FEATURES]), fixed_s)
+        self._open(prediction)
+        if self._on_predicted is not None:
+            self._on_predicted(prediction)
+
+    def heard(self, prediction: Prediction) -> None:
+        """Another replica routed a request to ``prediction.endpoint`` expecting ``prediction.ttft_s``: it takes
+        its place among the open predictions as if this replica had routed it now. Not told to ``on_predicted``."""
+        self._open(prediction)
+
+    def _open(self, prediction: Prediction) -> None:
+        ep = self._eps.setdefault(prediction.endpoint, _Endpoint())
         self._drop_abandoned(ep)  # also bounds what an endpoint that is never scraped holds
-        ep.open.append(_Prediction(self._clock(), ttft_s, tuple(features[:_FEATURES]), fixed_s))
+        features = tuple(prediction.features[:_FEATURES])
+        ep.open.append(_Prediction(self._clock(), prediction.ttft_s, features, prediction.fixed_s))
 
     def observe(self, endpoint: EndpointId, totals: PhaseTotals | None) -> None:
         """The engine's cumulative TTFT totals as last scraped; closes an interval when they moved, pairing its

@@ -13,11 +13,21 @@ placement, so a write that fails or a reader that falls behind the trimmed strea
 and never holds up a decision. ``publish`` is synchronous and cheap; the touches of one event-loop turn go
 out as one entry (one XADD).
 
-Entry field ``t``, our own encoding (big-endian)::
+The same entries carry each replica's TTFT predictions (``Prediction``, ``publish_prediction``) when the
+replicas share them (``index.share_predictions``): every replica's calibration then pairs an engine's first tokens
+with all the requests routed there, not only its own (``backends.calibration``). Also best effort: a lost
+prediction leaves that replica's pairing one off until the request is abandoned (``ABANDONED_S``).
+
+Entry field ``t``, our own encoding (big-endian), always present (with no touches when only predictions go)::
 
     replica (8 bytes), touches (u32), then per touch:
     endpoint length (u16), hit_blocks (u32), stored_blocks (u32), path length (u32), endpoint (utf-8),
     path (u64 each)
+
+Entry field ``p``, only when the entry carries predictions (a replica that predates it ignores it)::
+
+    predictions (u32), then per prediction:
+    endpoint length (u16), ttft_s (f64), fixed_s (f64), features (u8), endpoint (utf-8), features (f64 each)
 """
 
 from __future__ import annotations
@@ -35,13 +45,17 @@ from redis.exceptions import RedisClusterException, RedisError
 from extproc.redis.client import RedisClient, call_within, client_for
 from extproc.redis.schema import Schema, pack_hashes, unpack_hashes
 from extproc.tasks import stop_task
-from extproc.types import EndpointId, Touch
+from extproc.types import EndpointId, Prediction, Touch
 
 log = logging.getLogger(__name__)
 
 _FIELD = b"t"
+_PREDICTIONS_FIELD = b"p"
 _HEAD = struct.Struct(">8sI")
 _TOUCH = struct.Struct(">HIII")
+_COUNT = struct.Struct(">I")
+_PREDICTION = struct.Struct(">HddB")
+_FEATURE = struct.Struct(">d")
 STREAM_MAX_ENTRIES = 1024  # about this many batches kept: seconds of traffic, while readers lag by milliseconds
 _READ_BATCHES = 256  # entries per read
 _RETRY_S = 0.5  # a failed read waits this long before the next
@@ -54,12 +68,16 @@ class TouchesUnavailable(Exception):
 @dataclass
 class TouchCounters:
     """Exported as ``router_kv_touches_*``: touches this replica published and heard from others, and those
-    lost (a write that failed; a read that failed is counted in ``read_errors``)."""
+    lost (a write that failed; a read that failed is counted in ``read_errors``); ``predictions_*`` the same for
+    the TTFT predictions (``share_predictions``)."""
 
     published: int = 0
     heard: int = 0
     lost: int = 0
     read_errors: int = 0
+    predictions_published: int = 0
+    predictions_heard: int = 0
+    predictions_lost: int = 0
 
 
 def encode(replica: bytes, touches: Sequence[Touch]) -> bytes:
@@ -90,6 +108,35 @@ def decode(payload: bytes) -> tuple[bytes, list[Touch]]:
     return replica, touches
 
 
+def encode_predictions(predictions: Sequence[Prediction]) -> bytes:
+    """An entry's ``p`` field (module docstring)."""
+    parts = [_COUNT.pack(len(predictions))]
+    for p in predictions:
+        name = p.endpoint.encode()
+        parts += [_PREDICTION.pack(len(name), p.ttft_s, p.fixed_s, len(p.features)), name]
+        parts += [_FEATURE.pack(f) for f in p.features]
+    return b"".join(parts)
+
+
+def decode_predictions(payload: bytes) -> list[Prediction]:
+    """``encode_predictions``' inverse. Raises ValueError on a malformed field."""
+    try:
+        (count,), at, predictions = _COUNT.unpack_from(payload), _COUNT.size, []
+        for _ in range(count):
+            name_len, ttft_s, fixed_s, n = _PREDICTION.unpack_from(payload, at)
+            at += _PREDICTION.size
+            name = payload[at : at + name_len].decode()
+            at += name_len
+            features = tuple(_FEATURE.unpack_from(payload, at + i * _FEATURE.size)[0] for i in range(n))
+            at += n * _FEATURE.size
+            predictions.append(Prediction(EndpointId(name), ttft_s, features, fixed_s))
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise ValueError(f"malformed predictions field: {exc}") from exc
+    if at != len(payload):
+        raise ValueError("malformed predictions field: trailing bytes")
+    return predictions
+
+
 class SharedTouches:
     """Publishes this replica's touches and hands the other replicas' to a sink (``follow``).
 
@@ -112,6 +159,7 @@ class SharedTouches:
         self._block_ms = max(int(block_s * 1000), 1)
         self._replica = replica or os.urandom(8)
         self._pending: list[Touch] = []
+        self._pending_predictions: list[Prediction] = []
         self._flushing: asyncio.Task[None] | None = None
         self._following: asyncio.Task[None] | None = None
         self.counters = TouchCounters()
@@ -127,13 +175,25 @@ class SharedTouches:
     def publish(self, touch: Touch) -> None:
         """Tell the other replicas (in the background, with the rest of this event-loop turn's touches)."""
         self._pending.append(touch)
+        self._flush_soon()
+
+    def publish_prediction(self, prediction: Prediction) -> None:
+        """Tell the other replicas what this one predicted for a request it routed (as ``publish``)."""
+        self._pending_predictions.append(prediction)
+        self._flush_soon()
+
+    def _flush_soon(self) -> None:
         if self._flushing is None or self._flushing.done():
             self._flushing = asyncio.get_running_loop().create_task(self._flush(), name="touches-flush")
 
-    def follow(self, sink: Callable[[Touch], None]) -> None:
-        """Hand every touch another replica publishes from now on to ``sink`` (a background task)."""
+    def follow(
+        self, sink: Callable[[Touch], None] | None, predictions: Callable[[Prediction], None] | None = None
+    ) -> None:
+        """Hand every touch another replica publishes from now on to ``sink``, and every prediction to
+        ``predictions`` (a background task; None: not wanted)."""
         if self._following is None:
-            self._following = asyncio.get_running_loop().create_task(self._follow(sink), name="touches-follow")
+            follow = self._follow(sink, predictions)
+            self._following = asyncio.get_running_loop().create_task(follow, name="touches-follow")
             self._following.add_done_callback(_said_if_failed)
 
     async def close(self) -> None:
@@ -146,19 +206,26 @@ class SharedTouches:
         await self._r.aclose()
 
     async def _flush(self) -> None:
-        while self._pending:
+        while self._pending or self._pending_predictions:
             batch, self._pending = self._pending, []
+            predicted, self._pending_predictions = self._pending_predictions, []
             entry: dict[Any, Any] = {_FIELD: encode(self._replica, batch)}
+            if predicted:
+                entry[_PREDICTIONS_FIELD] = encode_predictions(predicted)
             try:
                 add = self._w.xadd(self._key, entry, maxlen=STREAM_MAX_ENTRIES, approximate=True)
                 await call_within(self._w, add, self._timeout_s, TouchesUnavailable)
             except TouchesUnavailable as exc:
                 self.counters.lost += len(batch)
+                self.counters.predictions_lost += len(predicted)
                 log.debug("touches not published: %s", exc)
             else:
                 self.counters.published += len(batch)
+                self.counters.predictions_published += len(predicted)
 
-    async def _follow(self, sink: Callable[[Touch], None]) -> None:
+    async def _follow(
+        self, sink: Callable[[Touch], None] | None, predictions: Callable[[Prediction], None] | None
+    ) -> None:
         last: bytes | None = None
         while True:
             try:
@@ -171,15 +238,18 @@ class SharedTouches:
                 log.debug("touches not read: %r", exc)
                 await asyncio.sleep(_RETRY_S)
                 continue
-            last = self._deliver(got, sink) or last
+            last = self._deliver(got, sink, predictions) or last
 
     async def _newest(self) -> bytes:
         """The newest entry's id (reading starts after it), or the stream's start when it has none."""
         newest: Any = await self._r.xrevrange(self._key, count=1)
         return bytes(newest[0][0]) if newest else b"0-0"
 
-    def _deliver(self, got: Any, sink: Callable[[Touch], None]) -> bytes | None:
-        """Hand the other replicas' touches in ``got`` (an XREAD answer) to ``sink``; the last entry id read."""
+    def _deliver(
+        self, got: Any, sink: Callable[[Touch], None] | None, predictions: Callable[[Prediction], None] | None
+    ) -> bytes | None:
+        """Hand the other replicas' touches in ``got`` (an XREAD answer) to ``sink`` and their predictions to
+        ``predictions``; the last entry id read."""
         last = None
         streams = got.items() if isinstance(got, dict) else (got or [])
         for _key, entries in streams:
@@ -187,15 +257,21 @@ class SharedTouches:
                 last = bytes(entry_id)
                 try:
                     replica, touches = decode(fields[_FIELD])
+                    predicted = decode_predictions(fields[_PREDICTIONS_FIELD]) if _PREDICTIONS_FIELD in fields else []
                 except (KeyError, ValueError) as exc:
                     self.counters.read_errors += 1
                     log.debug("touches entry %r skipped: %s", entry_id, exc)
                     continue
                 if replica == self._replica:
                     continue
-                for touch in touches:
-                    sink(touch)
-                self.counters.heard += len(touches)
+                if sink is not None:
+                    for touch in touches:
+                        sink(touch)
+                    self.counters.heard += len(touches)
+                if predictions is not None:
+                    for prediction in predicted:
+                        predictions(prediction)
+                    self.counters.predictions_heard += len(predicted)
         return last
 
 

@@ -1,6 +1,6 @@
 """The replicas' touches (``extproc.redis.touches.SharedTouches``) against Valkey, Redis 7 and a Valkey cluster:
-what one replica publishes, every other replica hears, in order, once; nobody hears its own; a replica hears
-what was published after it started following."""
+what one replica publishes (touches, TTFT predictions), every other replica hears, in order, once; nobody hears
+its own; a replica hears what was published after it started following."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from extproc.redis.touches import SharedTouches
-from extproc.types import BlockHash, EndpointId, Touch
+from extproc.types import BlockHash, EndpointId, Prediction, Touch
 from tests.support.polling import until
 
 pytestmark = pytest.mark.redis
@@ -93,3 +93,29 @@ async def test_a_reader_that_fails_says_so_at_once(
     await following(broken, sink)
     x.publish(touch(A, 2, 2))
     await until(lambda: "no longer read" in caplog.text, what="the reader's failure logged")
+
+
+async def test_predictions_ride_with_the_touches_and_are_heard_in_order(
+    replicas: Callable[[], SharedTouches],
+) -> None:
+    """A replica that follows only predictions (hot sets not shared) hears every other replica's, in the order
+    they were published, with their terms; a replica following only touches hears the touches of the same
+    entries, and predictions sent without touches reach the prediction follower alone."""
+    x, y, z = replicas(), replicas(), replicas()
+    predicted: list[Prediction] = []
+    touched: list[Touch] = []
+    y.follow(None, predicted.append)
+    z.follow(touched.append)
+    await until(lambda: y.positioned.is_set() and z.positioned.is_set(), what="the readers' positions")
+    sent = [Prediction(A, 0.31, (1.0, 0.2, 0.6, 0.01), 0.004), Prediction(B, 0.05), Prediction(A, 1.5, (1.0,) * 4)]
+    x.publish(touch(A, 2, 2))
+    x.publish_prediction(sent[0])  # one event-loop turn: one entry with both fields
+    await asyncio.sleep(0.05)
+    x.publish_prediction(sent[1])  # an entry with predictions only
+    x.publish_prediction(sent[2])
+    await until(lambda: len(predicted) == 3, what="y hearing 3 predictions")
+    await asyncio.sleep(0.3)  # anything else would have arrived by now
+    assert predicted == sent
+    assert as_tuples(touched) == as_tuples([touch(A, 2, 2)])
+    assert (x.counters.predictions_published, y.counters.predictions_heard, y.counters.heard) == (3, 3, 0)
+    assert (z.counters.heard, z.counters.predictions_heard, z.counters.read_errors) == (1, 0, 0)

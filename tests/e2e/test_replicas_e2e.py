@@ -52,11 +52,15 @@ async def counters(metrics_url: str, prefix: str) -> dict[str, float]:
 
 
 async def touches_settled(metrics_urls: list[str]) -> list[dict[str, float]]:
-    """Each replica's ``router_kv_touches_*`` once each has heard every touch the other published (bounded: the
-    last read is returned after ~10 s either way)."""
+    """Each replica's ``router_kv_touches_*`` once each has heard every touch and prediction the other published
+    (bounded: the last read is returned after ~10 s either way)."""
     for _ in range(200):
         x, y = [await counters(url, "router_kv_touches_") for url in metrics_urls]
-        if x.get("heard") == y.get("published") and y.get("heard") == x.get("published"):
+        if all(
+            a.get(f"{kind}heard") == b.get(f"{kind}published")
+            for a, b in ((x, y), (y, x))
+            for kind in ("", "predictions_")
+        ):
             break
         await asyncio.sleep(0.05)
     return [x, y]
@@ -107,6 +111,9 @@ async def test_two_replicas_route_precisely_and_spread_a_burst_like_one(tmp_path
     assert settled >= 64, (outcomes, failed)
     x, y = touches
     assert (x["heard"], y["heard"]) == (y["published"], x["published"]) and min(x["published"], y["published"]), touches
+    # ... and each one's calibration pairs the engines' first tokens with the other's predictions too
+    assert (x["predictions_heard"], y["predictions_heard"]) == (y["predictions_published"], x["predictions_published"])
+    assert min(x["predictions_published"], y["predictions_published"]) > 0, touches
     assert len(two) == 4, f"two replicas left a backend idle: {two}"
     # Before the atomic reservation, replicas read each other's reservations late: a burst leaned 21/15/14/14.
     assert max(two.values()) <= max(one.values()) + 1, f"two replicas {two} vs one {one}, reservations {outcomes}"

@@ -10,7 +10,7 @@ from extproc.backends.calibration import ABANDONED_S, CostLearning, TtftCalibrat
 from extproc.backends.vllm_metrics import PhaseTotals
 from extproc.config import SchedulingConfig, TtftProfileConfig
 from extproc.scheduling.estimate import CostTerms, ttft_s
-from extproc.types import EndpointId, LearnedCost
+from extproc.types import EndpointId, LearnedCost, Prediction
 
 A, B = EndpointId("a:1"), EndpointId("b:1")
 PRIOR = LearnedCost(base_s=0.0, prefill_scale=1.0, interference_per_running=0.004, queue_scale=1.0)
@@ -73,6 +73,38 @@ def test_first_tokens_pair_with_the_oldest_open_predictions() -> None:
     cal.observe(A, PhaseTotals(0.3, 1))  # the cold one's first token
     cal.observe(A, PhaseTotals(0.3 + 0.06, 2))  # the warm one's
     assert [(p, a) for _, p, a, _ in sink.seen] == [(0.3, pytest.approx(0.3)), (0.05, pytest.approx(0.06))]
+
+
+def test_another_replicas_predictions_take_their_place_in_the_pairing() -> None:
+    """Two replicas route to one engine: this one a warm request (0.05 s), the other a cold one (0.4 s) just
+    after. Without the other's prediction the engine's first of two first tokens, the warm one, would pair with
+    ours and its second, the cold one, with nothing; heard, each first token pairs with its own request."""
+    sink, told = Sink(), list[Prediction]()
+    cal = TtftCalibration(sink, learning(enabled=False), on_predicted=told.append)
+    cal.observe(A, PhaseTotals(0.0, 0))
+    cal.predicted(A, 0.05, (1.0, 0.01, 0.0, 0.0), 0.001)
+    cal.heard(Prediction(A, 0.4, (1.0, 0.3, 0.0, 0.0), 0.0))
+    cal.observe(A, PhaseTotals(0.06, 1))  # ours
+    cal.observe(A, PhaseTotals(0.06 + 0.42, 2))  # theirs
+    assert [(p, a) for _, p, a, _ in sink.seen] == [(0.05, pytest.approx(0.06)), (0.4, pytest.approx(0.42))]
+    assert told == [Prediction(A, 0.05, (1.0, 0.01, 0.0, 0.0), 0.001)], "only our own predictions are told"
+
+
+def test_another_replicas_predictions_teach_as_ours_do() -> None:
+    """Heard predictions carry their terms: an engine whose every request came from the other replica is learned
+    exactly as if this replica had routed them."""
+    ours, theirs = TtftCalibration(Sink(), learning()), TtftCalibration(Sink(), learning())
+    for cal in (ours, theirs):
+        cal.observe(A, PhaseTotals(0.0, 0))
+    seconds = 0.0
+    for i in range(30):
+        features = (1.0, 0.1 + 0.01 * (i % 5), 0.0, 0.0)
+        ours.predicted(A, 0.2, features, 0.0)
+        theirs.heard(Prediction(A, 0.2, features, 0.0))
+        seconds += 2.0 * features[1]  # the engine prefills at half the configured rate
+        for cal in (ours, theirs):
+            cal.observe(A, PhaseTotals(seconds, i + 1))
+    assert theirs.cost(A) == ours.cost(A) != PRIOR
 
 
 def test_an_engine_counting_more_than_was_routed_pairs_what_is_open() -> None:

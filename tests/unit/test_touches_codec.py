@@ -1,9 +1,10 @@
-"""The touches' stream entry (``extproc.redis.touches``): what one replica writes, another reads back exactly."""
+"""The touches' stream entry (``extproc.redis.touches``): what one replica writes (touches, predictions), another
+reads back exactly."""
 
 import pytest
 
-from extproc.redis.touches import decode, encode
-from extproc.types import BlockHash, EndpointId, Touch
+from extproc.redis.touches import decode, decode_predictions, encode, encode_predictions
+from extproc.types import BlockHash, EndpointId, Prediction, Touch
 
 REPLICA = b"replica1"
 
@@ -39,3 +40,31 @@ def test_a_cut_entry_is_refused_not_misread(cut: int) -> None:
 def test_trailing_bytes_are_refused() -> None:
     with pytest.raises(ValueError, match="trailing"):
         decode(encode(REPLICA, []) + b"x")
+
+
+@pytest.mark.parametrize(
+    "predictions",
+    [
+        [],
+        [Prediction(EndpointId("10.0.0.1:8000"), 0.25)],  # no terms: nothing to learn from
+        [
+            Prediction(EndpointId("10.0.0.1:8000"), 0.1234567891234, (1.0, 0.05, 0.4, 0.03), 0.002),
+            Prediction(EndpointId("pod-é.svc:80"), 3.5, (1.0, 2.0, 0.0, 1e-9), 0.0),
+        ],
+    ],
+    ids=["none", "untermed", "mixed"],
+)
+def test_predictions_read_back_exactly(predictions: list[Prediction]) -> None:
+    assert decode_predictions(encode_predictions(predictions)) == predictions
+
+
+@pytest.mark.parametrize("cut", [1, 4, 10, 25, -1])
+def test_a_cut_predictions_field_is_refused_not_misread(cut: int) -> None:
+    payload = encode_predictions([Prediction(EndpointId("a:1"), 0.2, (1.0, 0.1, 0.0, 0.0), 0.01)])
+    with pytest.raises(ValueError, match="malformed"):
+        decode_predictions(payload[:cut])
+
+
+def test_a_predictions_field_with_trailing_bytes_is_refused() -> None:
+    with pytest.raises(ValueError, match="trailing"):
+        decode_predictions(encode_predictions([]) + b"x")

@@ -1,6 +1,7 @@
 """A ``balanced.sh`` folder's runs per side (on / off): TTFT p90 each and its median, p50, cached share of the
-ceiling, router CPU, load decisions and redecided reservations per run, the estimate's MAPE, and how often a
-random split of the pooled runs differs in median p90 as much as the sides do (a permutation test).
+ceiling, router CPU, load decisions and redecided reservations per run, the estimate's MAPE (median) and p50
+bucket (each run), and how often a random split of the pooled runs differs in median p90 as much as the sides
+do (a permutation test).
 
     python bench/results/shared-busy/balanced.py OUT [OUT ...]
 """
@@ -34,14 +35,16 @@ def row(name: str, cells: list[dict]) -> str:
     counters = [c.get("picker_counters", {}) for c in cells]
     load = [k.get('decisions{reason="load"}', 0) for k in counters]
     redecided = [k.get('shared_reservations{outcome="redecided"}', 0) for k in counters]
-    mape = [c.get("ttft_estimate_error", {}).get("mape", 0.0) for c in cells]
+    errors = [c.get("ttft_estimate_error") or {} for c in cells]
+    mape = [e.get("mape", 0.0) for e in errors]
+    p50 = " / ".join(f"{e.get('p50_le')}" for e in errors)
     med = statistics.median
     return (
         f"| {name} | {len(cells)} | {' / '.join(f'{v:.3f}' for v in p90)} | **{med(p90):.3f}** | "
         f"{sum(v > 0.22 for v in p90)} | {med(c['ttft_p50_s'] for c in cells):.3f} | "
         f"{med(c['cached_share_of_ceiling'] or 0 for c in cells):.3f} | "
         f"{med(c['router_cpu_ms_per_req'] for c in cells):.1f} | {med(load):g} | {med(redecided):g} | "
-        f"{med(mape):.3f} |"
+        f"{med(mape):.3f} | {p50} |"
     )
 
 
@@ -64,9 +67,9 @@ def main(outs: list[Path]) -> None:
 def table(sides: dict[str, list[dict]]) -> None:
     print(
         "| side | runs | TTFT p90 s, each (pair order) | median | > 0.22 s | p50 | cached / ceiling | "
-        "router CPU ms/req | load decisions | redecided | estimate MAPE |"
+        "router CPU ms/req | load decisions | redecided | estimate MAPE | estimate p50 bucket, each |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name in ("on", "off"):
         if sides.get(name):
             print(row(name, sides[name]))
