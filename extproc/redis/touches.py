@@ -257,7 +257,6 @@ class SharedTouches:
                 last = bytes(entry_id)
                 try:
                     replica, touches = decode(fields[_FIELD])
-                    predicted = decode_predictions(fields[_PREDICTIONS_FIELD]) if _PREDICTIONS_FIELD in fields else []
                 except (KeyError, ValueError) as exc:
                     self.counters.read_errors += 1
                     log.debug("touches entry %r skipped: %s", entry_id, exc)
@@ -268,11 +267,21 @@ class SharedTouches:
                     for touch in touches:
                         sink(touch)
                     self.counters.heard += len(touches)
-                if predictions is not None:
-                    for prediction in predicted:
-                        predictions(prediction)
-                    self.counters.predictions_heard += len(predicted)
+                if predictions is not None and _PREDICTIONS_FIELD in fields:
+                    self._deliver_predictions(entry_id, fields[_PREDICTIONS_FIELD], predictions)
         return last
+
+    def _deliver_predictions(self, entry_id: Any, field: bytes, sink: Callable[[Prediction], None]) -> None:
+        """An entry's predictions to ``sink``; a malformed field is counted and skipped (its touches still count)."""
+        try:
+            predicted = decode_predictions(field)
+        except ValueError as exc:
+            self.counters.read_errors += 1
+            log.debug("predictions of touches entry %r skipped: %s", entry_id, exc)
+            return
+        for prediction in predicted:
+            sink(prediction)
+        self.counters.predictions_heard += len(predicted)
 
 
 def _said_if_failed(task: asyncio.Task[None]) -> None:

@@ -3,7 +3,7 @@ reads back exactly."""
 
 import pytest
 
-from extproc.redis.touches import decode, decode_predictions, encode, encode_predictions
+from extproc.redis.touches import SharedTouches, decode, decode_predictions, encode, encode_predictions
 from extproc.types import BlockHash, EndpointId, Prediction, Touch
 
 REPLICA = b"replica1"
@@ -68,3 +68,20 @@ def test_a_cut_predictions_field_is_refused_not_misread(cut: int) -> None:
 def test_a_predictions_field_with_trailing_bytes_is_refused() -> None:
     with pytest.raises(ValueError, match="trailing"):
         decode_predictions(encode_predictions([]) + b"x")
+
+
+def test_a_malformed_predictions_field_loses_its_predictions_not_the_entrys_touches() -> None:
+    """An XREAD answer whose entry carries a good ``t`` and a cut ``p``: the touches are heard, the predictions
+    counted as a read error, and the next entry's predictions still heard."""
+    reader = SharedTouches(None, None, namespace="t", timeout_s=1.0, replica=b"reader00")  # type: ignore[arg-type]
+    touch = Touch(EndpointId("a:1"), [BlockHash(1)], 1, 0)
+    good = Prediction(EndpointId("a:1"), 0.2, (1.0, 0.1, 0.0, 0.0), 0.0)
+    entries = [
+        (b"1-0", {b"t": encode(REPLICA, [touch]), b"p": encode_predictions([good])[:-3]}),
+        (b"2-0", {b"t": encode(REPLICA, []), b"p": encode_predictions([good])}),
+    ]
+    touches: list[Touch] = []
+    predictions: list[Prediction] = []
+    last = reader._deliver({b"t:touches": entries}, touches.append, predictions.append)
+    assert (last, touches, predictions) == (b"2-0", [touch], [good])
+    assert (reader.counters.read_errors, reader.counters.heard, reader.counters.predictions_heard) == (1, 1, 1)
