@@ -137,21 +137,20 @@ class TtftCalibration:
     ) -> None:
         """The decision routed a request to ``endpoint`` expecting ``ttft_s``, from the estimate's ``features``
         (``CostTerms.features()``; empty: nothing to learn from) and unlearned ``fixed_s``."""
-        prediction = Prediction(endpoint, ttft_s, tuple(features[:_FEATURES]), fixed_s)
-        self._open(prediction)
+        terms = tuple(features[:_FEATURES])
+        self._open(endpoint, ttft_s, terms, fixed_s)
         if self._on_predicted is not None:
-            self._on_predicted(prediction)
+            self._on_predicted(Prediction(endpoint, ttft_s, terms, fixed_s))
 
     def heard(self, prediction: Prediction) -> None:
         """Another replica routed a request to ``prediction.endpoint`` expecting ``prediction.ttft_s``: it takes
         its place among the open predictions as if this replica had routed it now. Not told to ``on_predicted``."""
-        self._open(prediction)
+        self._open(prediction.endpoint, prediction.ttft_s, tuple(prediction.features[:_FEATURES]), prediction.fixed_s)
 
-    def _open(self, prediction: Prediction) -> None:
-        ep = self._eps.setdefault(prediction.endpoint, _Endpoint())
+    def _open(self, endpoint: EndpointId, ttft_s: float, features: tuple[float, ...], fixed_s: float) -> None:
+        ep = self._eps.setdefault(endpoint, _Endpoint())
         self._drop_abandoned(ep)  # also bounds what an endpoint that is never scraped holds
-        features = tuple(prediction.features[:_FEATURES])
-        ep.open.append(_Prediction(self._clock(), prediction.ttft_s, features, prediction.fixed_s))
+        ep.open.append(_Prediction(self._clock(), ttft_s, features, fixed_s))
 
     def observe(self, endpoint: EndpointId, totals: PhaseTotals | None) -> None:
         """The engine's cumulative TTFT totals as last scraped; closes an interval when they moved, pairing its
