@@ -63,7 +63,8 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="SECTION.KEY=VALUE",
-        help="override our pickers' config (YAML value), e.g. scheduling.kv_pressure_threshold=1.0",
+        help="override our pickers' config (YAML value; KEY may be a dotted path into the section), e.g. "
+        "scheduling.kv_pressure_threshold=1.0 or scheduling.cost_model.learn=false",
     )
     p.add_argument("--report-only", type=Path, default=None, help="re-render the report of a results folder")
     p.add_argument("--no-plots", action="store_true", help="report without PNG plots")

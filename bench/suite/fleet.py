@@ -26,6 +26,7 @@ import shutil
 import sys
 import time
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -140,15 +141,30 @@ class RouterUnavailable(RuntimeError):
 
 def parse_picker_set(items: list[str]) -> dict[str, dict[str, Any]]:
     """``--picker-set SECTION.KEY=VALUE`` items (VALUE read as YAML) as ``{section: {key: value}}``, the
-    ``picker_set`` of ``start_router``; SystemExit naming the item that is not of that form."""
+    ``picker_set`` of ``start_router``; SystemExit naming the item that is not of that form. KEY may be a dotted
+    path into the section (``scheduling.cost_model.learn=false`` is ``{scheduling: {cost_model: {learn:
+    false}}}``); items are merged in order, a later one winning where both set the same key."""
     out: dict[str, dict[str, Any]] = {}
     for item in items:
         path, eq, value = item.partition("=")
-        section, _, key = path.partition(".")
-        if not section or not key or not eq:
+        keys = path.split(".")
+        if not eq or len(keys) < 2 or not all(keys):
             raise SystemExit(f"--picker-set wants SECTION.KEY=VALUE, got {item!r}")
-        out.setdefault(section, {})[key] = yaml.safe_load(value)
+        nested: Any = yaml.safe_load(value)
+        for key in reversed(keys[1:]):
+            nested = {key: nested}
+        merge_config(out.setdefault(keys[0], {}), nested)
     return out
+
+
+def merge_config(into: dict[str, Any], over: Mapping[str, Any]) -> None:
+    """Merge ``over`` into ``into`` key by key, into nested mappings where both have one; ``over`` wins."""
+    for key, value in over.items():
+        here = into.get(key)
+        if isinstance(here, dict) and isinstance(value, Mapping):
+            merge_config(here, value)
+        else:
+            into[key] = json.loads(json.dumps(value)) if isinstance(value, Mapping) else value
 
 
 def start_router(policy: Policy, backends: Backends, workdir: Path, picker_set: dict[str, Any] | None = None) -> Router:
@@ -189,8 +205,7 @@ def _start_pickers(policy: Policy, backends: Backends, workdir: Path, picker_set
     router_pids: list[int] = []
     try:
         overrides = json.loads(json.dumps(policy.picker_overrides))  # deep copy
-        for section, values in picker_set.items():
-            overrides.setdefault(section, {}).update(values)
+        merge_config(overrides, picker_set)
         knobs = scheduling_for_fleet(backends.fleet)
         overrides["scheduling"] = with_fleet_knobs(overrides.get("scheduling", {}), knobs)
         if policy.redis:

@@ -6,7 +6,7 @@ import pytest
 
 from bench.cell_trace import decisions, join, summary, trace_name
 from bench.suite.client import Result
-from bench.suite.fleet import parse_picker_set
+from bench.suite.fleet import merge_config, parse_picker_set
 from bench.suite.workloads import Call, Plan, Session
 
 
@@ -49,6 +49,24 @@ def test_picker_set_items_are_read_as_sections_of_yaml_values() -> None:
     """``--picker-set`` as ``python -m bench`` and ``bench.cell_trace`` read it (``bench.suite.fleet``)."""
     got = parse_picker_set(["scrape.interval_s=0.3", "scheduling.cost_model={learn: false}", "scrape.narrow_pages=no"])
     assert got == {"scrape": {"interval_s": 0.3, "narrow_pages": False}, "scheduling": {"cost_model": {"learn": False}}}
-    for bad in ["interval_s=0.3", "scrape.interval_s", ".x=1"]:
+    for bad in ["interval_s=0.3", "scrape.interval_s", ".x=1", "scheduling..learn=1", "scheduling.cost_model.=1"]:
         with pytest.raises(SystemExit, match=r"SECTION\.KEY=VALUE"):
             parse_picker_set([bad])
+
+
+def test_picker_set_keys_may_reach_into_nested_sections() -> None:
+    got = parse_picker_set(["scheduling.cost_model.learn=false", "scheduling.cost_model.learning_rate=0.1",
+                            "scheduling.fallbacks=1"])  # fmt: skip
+    assert got == {"scheduling": {"cost_model": {"learn": False, "learning_rate": 0.1}, "fallbacks": 1}}
+    assert parse_picker_set(["scheduling.cost_model={learn: false}", "scheduling.cost_model.learning_rate=0.1"]) == {
+        "scheduling": {"cost_model": {"learn": False, "learning_rate": 0.1}}
+    }
+
+
+def test_picker_set_merges_into_a_policys_overrides_without_dropping_their_keys() -> None:
+    overrides = {"tenants": {"classes": [{"name": "premium"}], "shares": {"premium": 0.5}}, "index": {"enabled": True}}
+    merge_config(overrides, parse_picker_set(["tenants.shares.batch=0.2", "index.enabled=false"]))
+    assert overrides == {
+        "tenants": {"classes": [{"name": "premium"}], "shares": {"premium": 0.5, "batch": 0.2}},
+        "index": {"enabled": False},
+    }
