@@ -20,6 +20,7 @@ PIDs whose CPU counts as "router", stop()):
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import shutil
@@ -164,11 +165,12 @@ def merge_config(into: dict[str, Any], over: Mapping[str, Any]) -> None:
         if isinstance(here, dict) and isinstance(value, Mapping):
             merge_config(here, value)
         else:
-            into[key] = json.loads(json.dumps(value)) if isinstance(value, Mapping) else value
+            into[key] = copy.deepcopy(value)  # (YAML may give dates and the like, which a JSON copy refuses)
 
 
 def start_router(policy: Policy, backends: Backends, workdir: Path, picker_set: dict[str, Any] | None = None) -> Router:
-    """``picker_set``: ``{section: {key: value}}`` merged over every picker's config (``--picker-set``)."""
+    """``picker_set``: ``{section: {key: value}}`` merged (``merge_config``) over every picker's config
+    (``--picker-set``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     if policy.kind == "envoy":
         envoy = _start_envoy(policy.envoy_kind, backends.addresses, [], workdir)
