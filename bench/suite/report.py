@@ -73,7 +73,9 @@ def _tenant_goals(doc: dict[str, Any]) -> list[dict[str, Any]]:
     rr, pr, ap = (_cells(doc, "tenants", p) for p in ("round_robin", "precise", "approximate"))
     done = [c["offered_rate_rps"] for c in rr if _completed(c)]
     if not done or not pr:
-        return [{"name": "tenants goals", "met": None, "detail": "round robin or precise did not complete any rate"}]
+        missing = [name for name, cells in (("round_robin", rr), ("precise", pr)) if not cells]
+        why = f"no results from {', '.join(missing)}" if missing else "round robin did not complete any rate"
+        return [{"name": "tenants goals", "met": None, "detail": why}]
     rate = max(done)
     r, p, a = _at(rr, rate), _at(pr, rate), _at(ap, rate)
     if p is None:

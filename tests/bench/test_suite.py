@@ -104,6 +104,18 @@ def test_goals_use_the_highest_rate_round_robin_completes() -> None:
     assert goals["tenants: precise TTFT p90 below the best peer"]["met"] is True  # at 2 rps: 0.3 < 0.4
 
 
+def test_tenant_goals_say_which_policy_is_missing_or_did_not_complete() -> None:
+    def detail(policies: dict) -> str:
+        doc = {"workloads": {"tenants": {"policies": policies}}}
+        return {g["name"]: g for g in report.goals(doc)}["tenants goals"]["detail"]
+
+    precise = {"status": "ok", "cells": [_cell(4, 1.0, 0.5, 200)]}
+    assert detail({"precise": precise}) == "no results from round_robin"
+    assert detail({}) == "no results from round_robin, precise"
+    failed = {"status": "ok", "cells": [_cell(4, 0.5, 9.0, 90)]}
+    assert detail({"round_robin": failed, "precise": precise}) == "round robin did not complete any rate"
+
+
 def test_repeated_runs_report_the_median_run_and_the_spread() -> None:
     from bench.suite.runner import median_run
 
