@@ -45,6 +45,7 @@ from bench.stack_config import (
     SIM_SERVING,
     TOKENIZER_CACHE,
     envoy_bootstrap,
+    merge_sections,
 )
 from bench.suite.cpu import scheduling_for_cpu, start_cpu_engines
 from bench.suite.policies import Policy
@@ -294,7 +295,7 @@ def with_fleet_knobs(scheduling: dict[str, Any], knobs: dict[str, float]) -> dic
 def _picker_config(backends: Backends, kv_events: bool, overrides: dict[str, Any]) -> dict[str, Any]:
     """The picker's RouterConfig: gRPC and metrics on port 0 (its ready line names them), the fleet's
     endpoints (with their KV-event PUB and replay endpoints when ``kv_events``), ``overrides`` merged one
-    level deep over the sections."""
+    level deep over the sections (``stack_config.merge_sections``)."""
     endpoints = []
     for a in backends.addresses:
         ep: dict[str, Any] = {"address": a}
@@ -309,10 +310,7 @@ def _picker_config(backends: Backends, kv_events: bool, overrides: dict[str, Any
         "tokenizer_cache_dir": str(TOKENIZER_CACHE),
         "logging": {"level": "WARNING"},
     }  # fmt: skip
-    for key, value in overrides.items():
-        base = config.get(key)
-        config[key] = {**base, **value} if isinstance(base, dict) and isinstance(value, dict) else value
-    return config
+    return merge_sections(config, overrides)
 
 
 def peer_binary(kind: str) -> str:
