@@ -45,7 +45,7 @@ from extproc.status.tap import DecisionTap, tenant_classes
 from extproc.status.tenant_cache import TenantCacheCollector
 from extproc.status.tenant_cache import render_section as render_tenant_cache
 from extproc.status.view import Sources
-from extproc.types import Endpoint, EndpointId, HashScheme, Role
+from extproc.types import DueCall, Endpoint, EndpointId, HashScheme, Role
 from extproc.workers import FrontWorkers
 
 log = logging.getLogger(__name__)
@@ -234,7 +234,13 @@ class App:
             calibration=self.calibration,
             estimator=estimator_params(self.config.scheduling),
             fresh_load=self.scraper.collect_answers,
+            on_due_call=self._due_calls_told(),
         )
+
+    def _due_calls_told(self) -> Callable[[DueCall], None] | None:
+        """Where the decider tells the calls it routed: the other replicas, when they share them."""
+        touches = self.indexes.touches
+        return touches.publish_due_call if touches is not None and self.indexes.share_due_calls else None
 
     async def start(self) -> None:
         """Start scraping, serve gRPC (readiness NOT_SERVING until the first scrape round), serve metrics.
@@ -249,6 +255,7 @@ class App:
             self.indexes.touches.follow(
                 self.hot_blocks.heard if self.indexes.share_hot_sets else None,
                 self.calibration.heard if self.indexes.share_predictions else None,
+                self.decider.heard_due_call if self.indexes.share_due_calls else None,
             )
         if self.config.workers.fronts:
             self.workers = FrontWorkers(self.config, self._base, self.decider, self.metrics.registry)

@@ -442,6 +442,12 @@ class RedisIndexConfig(_IndexCommon):
         "replica's calibration pairs an engine's first tokens with the whole fleet's requests, not half of them "
         "(docs/scheduling.md, One calibration)",
     )
+    share_due_calls: bool = Field(
+        False,
+        description="tell the other replicas each call routed whose chain's next call is expected (on the hot "
+        "sets' stream), so no replica places a chain's first call where another replica's chain has its next call "
+        "due (docs/scheduling.md, One set of due calls)",
+    )
     share_busy: bool = Field(
         True,
         description="a reservation carries its request's predicted first token, and every replica's busy floor "

@@ -45,6 +45,7 @@ from extproc.types import (
     BlockHash,
     Candidate,
     Decision,
+    DueCall,
     EndpointId,
     HashScheme,
     LoraAdapter,
@@ -174,6 +175,7 @@ class DeciderDeps:
     calibration: TtftCalibration | None = None  # predicted vs the engine's TTFT, per endpoint; the learned costs
     estimator: EstimatorParams | None = None  # the configured estimate's constants (the terms the calibration learns)
     fresh_load: Callable[[], None] | None = None  # applies the load answers that have arrived (deferred reads)
+    on_due_call: Callable[[DueCall], None] | None = None  # tells the other replicas each call routed (its chain's next)
 
 
 class LocalDecider:
@@ -474,9 +476,8 @@ class LocalDecider:
         since_s = None if extended is None else self._prompt_ends.since_s(extended, now)
         continued = since_s is not None or self._continued(routing, decision)
         self._reuse.decided(decision.reason, continued=continued, at_s=now, gap_s=since_s)
-        after_s = None
-        if extended is not None and since_s is not None:
-            after_s = self._due.continued(extended, len(routing.block_hashes), now)
+        # measured whether or not this replica routed the call it extends: another replica's is heard (``heard``)
+        after_s = None if extended is None else self._due.continued(extended, len(routing.block_hashes), now)
         self._prompt_ends.routed(routing.block_hashes, now)
         self._deps.metrics.placement_followers.set(self._reuse.followers())
         self._deps.metrics.chain_followers.set(self._reuse.chain_followers(now))
@@ -485,6 +486,7 @@ class LocalDecider:
         self._deps.inflight.add(pick, uncached, first_token_in_s)
         if first_token_in_s is not None:
             self._due.routed(pick, routing.block_hashes, now, first_token_in_s, after_s)
+            self._tell_due(pick, routing, first_token_in_s, after_s, extended)
         if self._deps.hot_blocks is not None:
             placed = decision.reason == Reason.LOAD
             self._deps.hot_blocks.routed(
@@ -502,6 +504,23 @@ class LocalDecider:
             live = self._deps.has_live_events(pick) if self._deps.has_live_events else pick in precise
             ttl = self._settings.burst_mark_ttl_s if live else self._settings.approx_ttl_s
             await self._write(self._deps.approx.store(pick, routing.block_hashes, ttl_s=ttl, chain=_FROM_ROOT))
+
+    def _tell_due(
+        self,
+        pick: EndpointId,
+        routing: RoutingRequest,
+        first_token_in_s: float,
+        after_s: float | None,
+        extended: BlockHash | None,
+    ) -> None:
+        """Tell the other replicas (``on_due_call``) the call just routed, as ``_due`` remembers it."""
+        tell, hashes = self._deps.on_due_call, routing.block_hashes
+        if tell is not None and hashes:
+            tell(DueCall(pick, hashes[-1], len(hashes), first_token_in_s, after_s, extended))
+
+    def heard_due_call(self, call: DueCall) -> None:
+        """Another replica routed ``call`` (``redis.touches``): its chain's next call is due here too."""
+        self._due.heard(call, self._clock())
 
     def _extended(self, routing: RoutingRequest, decision: Decision) -> BlockHash | None:
         """For a warm decision, the last block of its cached prefix: where it extends a recent request's whole

@@ -42,6 +42,7 @@ class Indexes:
     touches: SharedTouches | None = None  # where the other replicas routed and what they predicted there
     share_hot_sets: bool = False  # ``touches`` carries the hot sets' touches
     share_predictions: bool = False  # ``touches`` carries the calibration's predictions
+    share_due_calls: bool = False  # ``touches`` carries the chains' due calls
     counters: list[tuple[str, object]] = field(default_factory=list)  # extra groups for router_kv_<group>_*
     # {"precise" | "approx": the in-memory index whose size can be read without I/O}; a Redis-only index is absent
     sizes: dict[str, MemoryPrefixIndex | ChainIndex] = field(default_factory=dict)
@@ -75,10 +76,11 @@ def build_indexes(config: IndexConfig, approx_capacity: Capacity, prefill_tokens
     )
     indexes = Indexes(shared, approx, writes=shared, shared_load=load, counters=[("redis_lookups", shared.lookups)],
                       sizes={"approx": local})  # fmt: skip
-    if config.share_hot_sets or config.share_predictions:
+    if config.share_hot_sets or config.share_predictions or config.share_due_calls:
         indexes.touches = SharedTouches.from_url(config.url, namespace=config.namespace, timeout_s=config.timeout_s)
         indexes.counters.append(("touches", indexes.touches.counters))
         indexes.share_hot_sets, indexes.share_predictions = config.share_hot_sets, config.share_predictions
+        indexes.share_due_calls = config.share_due_calls
     if config.leases.enabled:
         owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         leases = StreamLeases(client, owner, namespace=config.namespace, ttl_s=config.leases.ttl_s,

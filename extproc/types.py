@@ -171,6 +171,20 @@ class Prediction:
 
 
 @dataclass(frozen=True, slots=True)
+class DueCall:
+    """A routed call whose chain's next call is expected, as ``scheduling.due_calls`` remembers it; replicas sharing
+    Redis tell each other theirs (``redis.touches``), so no replica places a chain's first call where another
+    replica's chain has its next call due."""
+
+    endpoint: EndpointId
+    block: BlockHash  # its prompt's last full block: a continuation's cached prefix ends in it
+    blocks: int  # its prompt's full blocks
+    first_token_in_s: float  # seconds from its routing to its predicted first token
+    after_s: float | None = None  # what its chain took from its last call's first token to it; None: not measured
+    continues: BlockHash | None = None  # where its cached prefix ends (a call it may continue, then no longer due)
+
+
+@dataclass(frozen=True, slots=True)
 class Touch:
     """What one routed request did to its endpoint's prefix cache, as the hot sets count it
     (``backends.hot_blocks``); replicas sharing Redis tell each other theirs (``redis.touches``)."""

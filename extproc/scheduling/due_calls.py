@@ -20,7 +20,9 @@ beyond the start's first token (92 ms away), 50 ms or more off, where the chain'
 ``collision_s`` (pure) prices a candidate: each call due there before this request's own first token waits for
 it, weighed by how likely a call is followed at all and by the busy floor's share (``sessions.floor_share``):
 what recurs on every call counts as far as requests continue chains. With no chains measured it is 0, and
-every decision is as before. Not thread-safe: the event loop.
+every decision is as before. Replicas tell each other their calls (``heard``, ``index.share_due_calls``):
+through two replicas a chain's first call landed where the other replica's chain had its next call due, and
+the two chains met on every call after (``bench/results/x2-stop43``). Not thread-safe: the event loop.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from extproc.scheduling.sessions import floor_share
-from extproc.types import BlockHash, Candidate, EndpointId, RoutingRequest
+from extproc.types import BlockHash, Candidate, DueCall, EndpointId, RoutingRequest
 
 __all__ = ["DUE_CALLS_MEMORY", "LATE_SHARE", "DueCalls", "collision_s"]
 
@@ -81,11 +83,26 @@ class DueCalls:
         """A request whose prompt's full blocks are ``hashes`` went to ``endpoint`` at ``now_s``, its first token
         predicted ``first_token_in_s`` later; ``after_s``: what ``continued`` measured for it, if it continues a
         chain."""
-        if not hashes:
-            return
-        last = hashes[-1]
-        self._calls[last] = _Call(endpoint, now_s + max(first_token_in_s, 0.0), len(hashes), after_s)
-        self._calls.move_to_end(last)
+        if hashes:
+            self._remember(hashes[-1], _Call(endpoint, now_s + max(first_token_in_s, 0.0), len(hashes), after_s), now_s)
+
+    def heard(self, call: DueCall, now_s: float) -> None:
+        """Another replica routed ``call`` (heard at ``now_s``, milliseconds after): remembered as if routed here
+        then. The call it continues (a remembered prompt that it extends) is no longer due, and the time its
+        chain took, as that replica measured it, counts in ``after_s``: with replicas each one routes part of a
+        chain's calls, and each then knows every call due and the whole fleet's continuations."""
+        if call.continues is not None:
+            continued = self._calls.get(call.continues)
+            if continued is not None and call.blocks > continued.blocks:
+                del self._calls[call.continues]
+        if call.after_s is not None:
+            self._measured(call.after_s)
+        first_token_at_s = now_s + max(call.first_token_in_s, 0.0)
+        self._remember(call.block, _Call(call.endpoint, first_token_at_s, call.blocks, call.after_s), now_s)
+
+    def _remember(self, block: BlockHash, call: _Call, now_s: float) -> None:
+        self._calls[block] = call
+        self._calls.move_to_end(block)
         self._forget_old(now_s)
 
     def continued(self, block: BlockHash, blocks: int, now_s: float) -> float | None:
@@ -100,9 +117,12 @@ class DueCalls:
             return None
         del self._calls[block]
         sample = max(now_s - call.first_token_at_s, 0.0)
-        mean = self._after_s
-        self._after_s = sample if mean is None else mean + _MEAN_WEIGHT * (sample - mean)
+        self._measured(sample)
         return sample
+
+    def _measured(self, sample_s: float) -> None:
+        mean = self._after_s
+        self._after_s = sample_s if mean is None else mean + _MEAN_WEIGHT * (sample_s - mean)
 
     def due_s(self, hashes: Sequence[BlockHash], now_s: float) -> dict[EndpointId, tuple[float, ...]]:
         """Per endpoint, seconds from ``now_s`` until each call expected there (negative: late, by at most

@@ -1,6 +1,6 @@
 """The replicas' touches (``extproc.redis.touches.SharedTouches``) against Valkey, Redis 7 and a Valkey cluster:
-what one replica publishes (touches, TTFT predictions), every other replica hears, in order, once; nobody hears
-its own; a replica hears what was published after it started following."""
+what one replica publishes (touches, TTFT predictions, due calls), every other replica hears, in order, once;
+nobody hears its own; a replica hears what was published after it started following."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from extproc.redis.touches import SharedTouches
-from extproc.types import BlockHash, EndpointId, Prediction, Touch
+from extproc.types import BlockHash, DueCall, EndpointId, Prediction, Touch
 from tests.support.polling import until
 
 pytestmark = pytest.mark.redis
@@ -119,3 +119,26 @@ async def test_predictions_ride_with_the_touches_and_are_heard_in_order(
     assert as_tuples(touched) == as_tuples([touch(A, 2, 2)])
     assert (x.counters.predictions_published, y.counters.predictions_heard, y.counters.heard) == (3, 3, 0)
     assert (z.counters.heard, z.counters.predictions_heard, z.counters.read_errors) == (1, 0, 0)
+
+
+async def test_due_calls_ride_with_the_touches_and_are_heard_in_order(
+    replicas: Callable[[], SharedTouches],
+) -> None:
+    """A replica that follows only due calls hears every other replica's in order, beside the predictions of the
+    same entry; one that follows only predictions does not get them."""
+    x, y, z = replicas(), replicas(), replicas()
+    due: list[DueCall] = []
+    predicted: list[Prediction] = []
+    y.follow(None, None, due.append)
+    z.follow(None, predicted.append)
+    await until(lambda: y.positioned.is_set() and z.positioned.is_set(), what="the readers' positions")
+    sent = [DueCall(A, BlockHash(5), 5, 0.12, None, None), DueCall(B, BlockHash(9), 9, 0.3, 1.1, BlockHash(5))]
+    x.publish_due_call(sent[0])
+    x.publish_prediction(Prediction(A, 0.12))  # the same entry
+    await asyncio.sleep(0.05)
+    x.publish_due_call(sent[1])  # an entry with a due call only
+    await until(lambda: len(due) == 2 and len(predicted) == 1, what="y hearing 2 due calls, z 1 prediction")
+    await asyncio.sleep(0.3)  # anything else would have arrived by now
+    assert due == sent
+    assert (x.counters.due_calls_published, y.counters.due_calls_heard, z.counters.due_calls_heard) == (2, 2, 0)
+    assert (y.counters.predictions_heard, y.counters.read_errors, z.counters.read_errors) == (0, 0, 0)

@@ -26,7 +26,7 @@ def spec(pickers: int, redis_url: str | None, namespace: str) -> StackSpec:
         pickers=pickers,
         kv_events=True,
         sim_profile="h100-llama3-8b",
-        picker_overrides={"index": shared_index(redis_url, namespace)} if redis_url else {},
+        picker_overrides={"index": shared_index(redis_url, namespace, share_due_calls=True)} if redis_url else {},
     )
 
 
@@ -52,14 +52,14 @@ async def counters(metrics_url: str, prefix: str) -> dict[str, float]:
 
 
 async def touches_settled(metrics_urls: list[str]) -> list[dict[str, float]]:
-    """Each replica's ``router_kv_touches_*`` once each has heard every touch and prediction the other published
-    (bounded: the last read is returned after ~10 s either way)."""
+    """Each replica's ``router_kv_touches_*`` once each has heard every touch, prediction and due call the other
+    published (bounded: the last read is returned after ~10 s either way)."""
     for _ in range(200):
         x, y = [await counters(url, "router_kv_touches_") for url in metrics_urls]
         if all(
             a.get(f"{kind}heard") == b.get(f"{kind}published")
             for a, b in ((x, y), (y, x))
-            for kind in ("", "predictions_")
+            for kind in ("", "predictions_", "due_calls_")
         ):
             break
         await asyncio.sleep(0.05)
@@ -114,6 +114,9 @@ async def test_two_replicas_route_precisely_and_spread_a_burst_like_one(tmp_path
     # ... and each one's calibration pairs the engines' first tokens with the other's predictions too
     assert (x["predictions_heard"], y["predictions_heard"]) == (y["predictions_published"], x["predictions_published"])
     assert min(x["predictions_published"], y["predictions_published"]) > 0, touches
+    # ... and each one's due calls know where the other's requests went (every routed request is told)
+    assert (x["due_calls_heard"], y["due_calls_heard"]) == (y["due_calls_published"], x["due_calls_published"])
+    assert min(x["due_calls_published"], y["due_calls_published"]) > 0, touches
     assert len(two) == 4, f"two replicas left a backend idle: {two}"
     # Before the atomic reservation, replicas read each other's reservations late: a burst leaned 21/15/14/14.
     assert max(two.values()) <= max(one.values()) + 1, f"two replicas {two} vs one {one}, reservations {outcomes}"

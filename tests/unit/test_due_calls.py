@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from extproc.scheduling.due_calls import LATE_SHARE, DueCalls, collision_s
-from extproc.types import BlockHash, Candidate, Endpoint, EndpointId, LoadSnapshot, RoutingRequest
+from extproc.types import BlockHash, Candidate, DueCall, Endpoint, EndpointId, LoadSnapshot, RoutingRequest
 
 A, B = EndpointId("10.0.0.1:8000"), EndpointId("10.0.0.2:8000")
 
@@ -107,6 +107,31 @@ def test_memory_is_bounded_and_long_past_calls_are_forgotten() -> None:
     assert due.after_s == pytest.approx(1.0)
     with pytest.raises(ValueError, match="at least 1"):
         DueCalls(memory=0)
+
+
+def test_a_call_another_replica_routed_is_due_as_if_routed_here_when_heard() -> None:
+    due = measured()  # chains take 1.0 s
+    due.heard(DueCall(B, SECOND[-1], len(SECOND), 0.2), 1.1)  # another replica's first call, heard at 1.1 s
+    assert due.due_s(OTHER, 1.5) == {B: pytest.approx((1.1 + 0.2 + 1.0 - 1.5,))}
+    # its continuation, routed here, is measured against it
+    assert due.continued(SECOND[-1], 6, 1.1 + 0.2 + 0.8) == pytest.approx(0.8)
+
+
+def test_a_heard_continuation_ends_the_call_it_continues_and_its_time_counts() -> None:
+    due = DueCalls()
+    due.routed(A, FIRST, 0.0, 0.1)  # routed here; the other replica routes its next call
+    due.heard(DueCall(A, SECOND[-1], len(SECOND), 0.2, after_s=1.0, continues=FIRST[-1]), 1.1)
+    assert due.after_s == pytest.approx(1.0)  # measured there, counted here
+    assert due.due_s(OTHER, 1.2) == {A: pytest.approx((1.1 + 0.2 + 1.0 - 1.2,))}  # only the second call is due
+    assert due.continued(FIRST[-1], len(SECOND), 1.2) is None  # the first is no longer remembered
+
+
+def test_a_heard_repeat_does_not_end_the_call_it_repeats() -> None:
+    due = measured()
+    due.routed(A, SECOND, 1.1, 0.2)
+    due.heard(DueCall(B, SECOND[-1], len(SECOND), 0.1, continues=SECOND[-1]), 1.2)  # the same prompt again
+    assert due.after_s == pytest.approx(1.0)
+    assert due.due_s(OTHER, 1.5) == {B: pytest.approx((1.2 + 0.1 + 1.0 - 1.5,))}  # the latest routing of it
 
 
 def cand(*due_s: float) -> Candidate:
