@@ -443,10 +443,10 @@ class RedisIndexConfig(_IndexCommon):
         "(docs/scheduling.md, One calibration)",
     )
     share_due_calls: bool = Field(
-        False,
+        True,
         description="tell the other replicas each call routed whose chain's next call is expected (on the hot "
         "sets' stream), so no replica places a chain's first call where another replica's chain has its next call "
-        "due (docs/scheduling.md, One set of due calls)",
+        "due, once chains are measured (docs/scheduling.md, One set of due calls)",
     )
     share_busy: bool = Field(
         True,

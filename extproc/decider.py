@@ -513,9 +513,11 @@ class LocalDecider:
         after_s: float | None,
         extended: BlockHash | None,
     ) -> None:
-        """Tell the other replicas (``on_due_call``) the call just routed, as ``_due`` remembers it."""
+        """Tell the other replicas (``on_due_call``) the call just routed, as ``_due`` remembers it; only while
+        chains are measured here (``chain_followers``): with none, no replica prices a due call (``collision_s``),
+        and traffic without chains (documents, tenants) pays nothing per request for it."""
         tell, hashes = self._deps.on_due_call, routing.block_hashes
-        if tell is not None and hashes:
+        if tell is not None and hashes and routing.chain_followers > 0:
             tell(DueCall(pick, hashes[-1], len(hashes), first_token_in_s, after_s, extended))
 
     def heard_due_call(self, call: DueCall) -> None:

@@ -26,7 +26,7 @@ def spec(pickers: int, redis_url: str | None, namespace: str) -> StackSpec:
         pickers=pickers,
         kv_events=True,
         sim_profile="h100-llama3-8b",
-        picker_overrides={"index": shared_index(redis_url, namespace, share_due_calls=True)} if redis_url else {},
+        picker_overrides={"index": shared_index(redis_url, namespace)} if redis_url else {},
     )
 
 
@@ -114,7 +114,8 @@ async def test_two_replicas_route_precisely_and_spread_a_burst_like_one(tmp_path
     # ... and each one's calibration pairs the engines' first tokens with the other's predictions too
     assert (x["predictions_heard"], y["predictions_heard"]) == (y["predictions_published"], x["predictions_published"])
     assert min(x["predictions_published"], y["predictions_published"]) > 0, touches
-    # ... and each one's due calls know where the other's requests went (every routed request is told)
+    # ... and, once a replica measured a chain (the document's questions extend its summary's prompt), the calls it
+    # routes: each one's due calls know where the other's requests went
     assert (x["due_calls_heard"], y["due_calls_heard"]) == (y["due_calls_published"], x["due_calls_published"])
     assert min(x["due_calls_published"], y["due_calls_published"]) > 0, touches
     assert len(two) == 4, f"two replicas left a backend idle: {two}"

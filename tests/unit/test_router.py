@@ -388,9 +388,9 @@ async def test_each_candidate_carries_the_chains_calls_due_on_it(caplog: pytest.
 
 
 async def test_replicas_that_tell_each_other_their_routed_calls_know_each_others_calls_due() -> None:
-    """Each routed call is told (``on_due_call``): a chain's first call as not measured, its next one with the time
-    its chain took and the call it continued. A replica that hears them expects the other's chains' next calls
-    where they went, beside its own (``index.share_due_calls``)."""
+    """Once chains are measured, each routed call is told (``on_due_call``): a chain's first call as not measured,
+    its next one with the time its chain took and the call it continued. A replica that hears them expects the
+    other's chains' next calls where they went (``index.share_due_calls``)."""
     now = [0.0]
     clock = lambda: now[0]  # noqa: E731
     x, _, _ = make_router(hot_blocks=HotBlocks(lambda endpoint: 1024, clock=clock), clock=clock)
@@ -403,22 +403,24 @@ async def test_replicas_that_tell_each_other_their_routed_calls_know_each_others
 
     x.decider._deps = dataclasses.replace(x.decider._deps, on_due_call=tell)  # type: ignore[attr-defined]
     due = spy_on_decisions(y, lambda _, candidates: {c.endpoint.id: c.load.calls_due_s for c in candidates})
-    own, other = list(range(320)), list(range(40000, 40320))  # y's chain and x's chain, each placed cold
-    for at, router, tokens in [(0.0, y, own), (0.2, x, other), (1.0, y, own + list(range(1000, 1200))),
-                               (1.2, x, other + list(range(2000, 2200)))]:  # fmt: skip
+    # each replica's own chain first (placed cold, then continued), then x's second chain
+    own, first, other = list(range(320)), list(range(20000, 20320)), list(range(40000, 40320))
+    for at, router, tokens in [(0.0, y, own), (0.1, x, first), (1.0, y, own + list(range(1000, 1200))),
+                               (1.1, x, first + list(range(1000, 1200))), (1.3, x, other),
+                               (2.3, x, other + list(range(2000, 2200)))]:  # fmt: skip
         now[0] = at
         router._deps.preparer.tokens = tokens  # type: ignore[attr-defined]
         await router.route(post())
+    # nothing told before x measured a chain; then the second chain's first call, and its next one
     assert [(c.blocks, c.after_s is None) for c in told] == [(20, True), (32, False)]
     assert (told[0].continues, told[1].continues) == (None, told[0].block)  # the first placed cold; continued
-    home = told[1].endpoint
-    now[0] = 1.5
+    now[0] = 2.5
     y._deps.preparer.tokens = list(range(90000, 90400))  # type: ignore[attr-defined]
     await y.route(post())
-    # x's chain's next call, due the time it took after its second call's predicted first token, beside y's own
-    heard_due = 1.2 + told[1].first_token_in_s + (told[1].after_s or 0.0) - 1.5
-    assert sum(len(d) for d in due[-1].values()) == 2
-    assert any(t == pytest.approx(heard_due) for t in due[-1][home])
+    # x's chain's next call, due the time it took after its second call's predicted first token (y's own chain's
+    # next call is long past due by now)
+    heard_due = 2.3 + told[1].first_token_in_s + (told[1].after_s or 0.0) - 2.5
+    assert {e: d for e, d in due[-1].items() if d} == {told[1].endpoint: pytest.approx((heard_due,))}
 
 
 async def test_each_candidate_carries_its_prefix_hits_and_their_gap_and_the_request_how_full_the_window_is() -> None:
