@@ -92,9 +92,7 @@ class DueCalls:
         chain took, as that replica measured it, counts in ``after_s``: with replicas each one routes part of a
         chain's calls, and each then knows every call due and the whole fleet's continuations."""
         if call.continues is not None:
-            continued = self._calls.get(call.continues)
-            if continued is not None and call.blocks > continued.blocks:
-                del self._calls[call.continues]
+            self._take(call.continues, call.blocks)
         if call.after_s is not None:
             self._measured(call.after_s)
         first_token_at_s = now_s + max(call.first_token_in_s, 0.0)
@@ -112,13 +110,21 @@ class DueCalls:
         repeats it (a retry, the same question again): no chain's next call, and nothing is measured (repeats
         sent back to back read as calls due at once, and two replicas that each saw their own spread a burst
         unevenly). None when nothing was measured."""
+        call = self._take(block, blocks)
+        if call is None:
+            return None
+        sample = max(now_s - call.first_token_at_s, 0.0)
+        self._measured(sample)
+        return sample
+
+    def _take(self, block: BlockHash, blocks: int) -> _Call | None:
+        """The remembered call whose prompt ends in ``block``, no longer due, when a request of ``blocks`` full
+        blocks extends it; None (and it stays) when none is remembered or the request repeats it."""
         call = self._calls.get(block)
         if call is None or blocks <= call.blocks:
             return None
         del self._calls[block]
-        sample = max(now_s - call.first_token_at_s, 0.0)
-        self._measured(sample)
-        return sample
+        return call
 
     def _measured(self, sample_s: float) -> None:
         mean = self._after_s
