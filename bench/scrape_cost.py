@@ -9,9 +9,10 @@ Scraping each endpoint's ``/metrics`` every ``scrape.interval_s`` (0.1 s) is a p
 grow with the request rate, but at 8 req/s it is most of the router CPU per request in the documents cells.
 Each picker (one per ``--picker-tree``, plus a floor: the first tree with scraping every hour, i.e. its timers
 and event loop alone) runs in its own stack of ``--backends`` simulators, all at once, and the CPU of every
-picker is read over the same windows, so a busy box moves them all alike. Per picker: CPU ms/s per window, the
-median, and the median net of the floor divided by the scrapes it made (``--backends / --interval-s`` per s);
-and what its simulators spent over the same windows (writing the pages it asked for, whole or narrowed).
+picker is read over the same windows (its threads' ``schedstat``, to the nanosecond), so a busy box moves them
+all alike. Per picker: CPU ms/s per window, the median, and the median net of the floor divided by the scrapes it
+made (``--backends / --interval-s`` per s); and what its simulators spent over the same windows (writing the
+pages it asked for, whole or narrowed).
 
 Then the parser alone (``extproc.backends.vllm_metrics.parse_metrics``, best of 5), per tree, on a simulator's
 page and on pages saved from vLLM 0.32's CPU build (``tests/unit/data/vllm-0.32-metrics*.txt``: the whole
@@ -37,7 +38,7 @@ from pathlib import Path
 
 from bench.stack import Stack, StackSpec
 from bench.stack_config import MODEL, REPO
-from bench.suite.measure import cpu_s
+from bench.suite.measure import cpu_s, thread_cpu_s
 from bench.vllm_cpu import EngineSpec, build_model_dir, engine_python, start_engines
 from extproc.backends.vllm_metrics import narrow_url
 
@@ -103,12 +104,13 @@ def measure(
         page, narrow_page = get(first), get(narrowed(first))
         time.sleep(2.0)  # past start-up work (warm-up, first discovery)
         for _ in range(args.windows):
-            before = {name: (cpu_s(s.picker_pids()), sims_cpu_s(s), time.monotonic()) for name, s in running.items()}
+            before = {name: (thread_cpu_s(s.picker_pids()), sims_cpu_s(s), time.monotonic())
+                      for name, s in running.items()}  # fmt: skip
             time.sleep(args.seconds / args.windows)
             for name, s in running.items():
                 cpu0, sims0, t0 = before[name]
                 took = time.monotonic() - t0
-                cpu[name].append((cpu_s(s.picker_pids()) - cpu0) / took * 1000)
+                cpu[name].append((thread_cpu_s(s.picker_pids()) - cpu0) / took * 1000)
                 sims[name].append((sims_cpu_s(s) - sims0) / took * 1000)
     return cpu, sims, page, narrow_page
 
