@@ -55,7 +55,9 @@ class InflightLoad:
 
     def _drained(self, endpoint: EndpointId) -> _Queue:
         now = self._clock()
-        q = self._queues.setdefault(endpoint, _Queue(updated_s=now))
+        q = self._queues.get(endpoint)
+        if q is None:  # (not setdefault: that would build a queue, two deques with it, on every call)
+            q = self._queues[endpoint] = _Queue(updated_s=now)
         q.tokens = max(0.0, q.tokens - self._rate * (now - q.updated_s))
         q.updated_s = now
         return q

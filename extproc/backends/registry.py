@@ -59,11 +59,10 @@ class EndpointRegistry:
         old = self._states.get(eid)
         if old is None:  # dropped by discovery while its scrape was in flight
             return
-        endpoint = replace(
-            old.endpoint,
-            healthy=True,
-            num_gpu_blocks=metrics.num_gpu_blocks or old.endpoint.num_gpu_blocks,
-        )
+        endpoint = old.endpoint
+        blocks = metrics.num_gpu_blocks or endpoint.num_gpu_blocks
+        if not endpoint.healthy or blocks != endpoint.num_gpu_blocks:  # (most pages change neither: no copy)
+            endpoint = replace(endpoint, healthy=True, num_gpu_blocks=blocks)
         at_s = self._clock() if taken_at_s is None else taken_at_s
         self._swap(eid, EndpointRecord(endpoint, metrics, at_s, 0, 0))
 

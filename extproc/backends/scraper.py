@@ -4,6 +4,8 @@ One ticker, owned by ``Scraper``, starts a round each interval: every endpoint's
 endpoint, not a task per scrape) sends its request, and an endpoint whose last scrape is still running sits
 that round out, so a slow one never delays the others. One timer for all endpoints, not one per endpoint: on
 this kind of VM a wake-up of the process after a sleep costs ~0.2 ms of CPU, about what reading a page costs.
+The ticker is a timer callback, not a task: a round is synchronous, and a sleeping task took a future, a task
+step and one more turn of the event loop per round.
 
 Answers from plain-http endpoints at IP addresses (the common case) are read without waiting for them
 (``deferred_reads``, on by default): a round first collects what arrived for the last one, then sends, on sockets
@@ -14,6 +16,9 @@ instead of once per answer, and an answer costs no future, task step or protocol
 (``bench/results/scrape-cost``). (Holding the answers in asyncio transports and reading them on a timer 20 ms
 into the round saved nothing: the timer's wake-up cost what the answers' did. Here no wake-up is added.) Other
 endpoints' answers are awaited by their loop.
+
+A page that repeats the endpoint's last one byte for byte (an idle engine's, or a busy one's between changes of
+its gauges) is not parsed again: its last reading is reused (``_parsed``).
 
 Pages are read narrowed (``vllm_metrics.narrow_url``: only the samples we parse, ~15x smaller on vLLM and ~5x
 cheaper for the engine to write) unless ``narrow_pages`` is off. An endpoint whose narrowed read is refused
@@ -87,6 +92,7 @@ class Scraper:
         self._turns: dict[EndpointId, asyncio.Event] = {}  # a polled endpoint's loop is needed (see _poll_round)
         self._awaited: set[EndpointId] = set()  # polled endpoints with a GET out: what a decision may collect
         self._discovered: dict[EndpointId, int] = {}  # the round of each endpoint's last discovery
+        self._last_page: dict[EndpointId, tuple[bytes, EngineMetrics]] = {}  # each one's last page, as parsed
         for eid, url in urls.items():
             self._add(eid, url, (metrics_urls or {}).get(eid) or f"{url}/metrics")
         self._interval_s = interval_s
@@ -101,13 +107,13 @@ class Scraper:
         self._round = asyncio.Event()  # set when a round starts; replaced by a fresh one for the next
         self._rounds = 0  # rounds started
         self._leaving: set[asyncio.Task[None]] = set()  # loops of endpoints set_targets removed, until they end
-        self._ticker: asyncio.Task[None] | None = None
+        self._ticker: asyncio.Handle | None = None  # the next round, once started
         self._session: aiohttp.ClientSession | None = None
         self._getters: dict[str, HttpGetter] = {}  # {plain-http metrics URL: its lean client}
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(timeout=self._timeout)
-        self._ticker = asyncio.create_task(self._tick_loop(), name="scrape ticker")
+        self._ticker = asyncio.get_running_loop().call_soon(self._tick)
 
     def set_targets(self, urls: Mapping[EndpointId, str]) -> None:
         """Scrape exactly ``urls`` from now on (discovery): loops start for new endpoints and stop for gone
@@ -125,6 +131,7 @@ class Scraper:
             self._turns.pop(eid, None)
             self._discovered.pop(eid, None)
             self._awaited.discard(eid)
+            self._last_page.pop(eid, None)
             del self._urls[eid]
         for eid, url in urls.items():
             if eid not in self._urls:
@@ -151,7 +158,9 @@ class Scraper:
 
     async def stop(self) -> None:
         """Stop the ticker and every endpoint's loop (awaited), close the connections."""
-        tasks = [t for t in (self._ticker, *self._loops.values(), *self._leaving) if t is not None]
+        if self._ticker is not None:
+            self._ticker.cancel()
+        tasks = [*self._loops.values(), *self._leaving]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -285,7 +294,7 @@ class Scraper:
             body = getter.collect()
             if body is None:
                 return
-            metrics = parse_metrics(body.decode("utf-8"))
+            metrics = self._parsed(eid, body)
         except IdleConnectionLost:
             return  # the server dropped the idle kept-alive connection: the next round asks on a new one
         except (GetFailed, MetricsParseError, UnicodeDecodeError) as exc:
@@ -303,6 +312,16 @@ class Scraper:
             self._widen(eid, refused)
         self._apply(eid, metrics, taken_at_s)
 
+    def _parsed(self, eid: EndpointId, body: bytes) -> EngineMetrics:
+        """``body`` parsed; the last reading again when it is ``eid``'s last page byte for byte. Raises what
+        ``parse_metrics`` and decoding raise (a page that failed is not remembered)."""
+        last = self._last_page.get(eid)
+        if last is not None and last[0] == body:
+            return last[1]
+        metrics = parse_metrics(body.decode("utf-8"))
+        self._last_page[eid] = (body, metrics)
+        return metrics
+
     def _widen(self, eid: EndpointId, refused: str) -> None:
         log.info("%s does not serve a narrowed metrics page (%s); reading its whole page from now on", eid, refused)
         self._close_getter(self._narrow_urls.pop(eid, None))
@@ -311,26 +330,26 @@ class Scraper:
         """``eid``'s metrics: from its narrowed page while it honours one, else from the whole page."""
         narrowed = self._narrow_urls.get(eid)
         if narrowed is None:
-            return parse_metrics(await self._read_page(self._metrics_urls[eid]))
+            return self._parsed(eid, await self._read_page(self._metrics_urls[eid]))
         try:
-            return parse_metrics(await self._read_page(narrowed))
+            return self._parsed(eid, await self._read_page(narrowed))
         except _NARROWED_REFUSED as exc:
             refused = f"{type(exc).__name__}: {exc}"
-        metrics = parse_metrics(await self._read_page(self._metrics_urls[eid]))  # raises: both failed
+        metrics = self._parsed(eid, await self._read_page(self._metrics_urls[eid]))  # raises: both failed
         self._widen(eid, refused)
         return metrics
 
-    async def _read_page(self, url: str) -> str:
-        """The metrics page's text: the lean client for plain http URLs (the common case), aiohttp otherwise."""
+    async def _read_page(self, url: str) -> bytes:
+        """The page's body: the lean client for plain http URLs (the common case), aiohttp otherwise."""
         getter = self._getters.get(url)
         if getter is None and (target := parse_http_url(url)) is not None:
             getter = self._getters[url] = HttpGetter(*target, timeout_s=self._timeout_s)
         if getter is not None:
-            return (await getter.get()).decode("utf-8")
+            return await getter.get()
         assert self._session is not None
         async with self._session.get(url) as resp:
             resp.raise_for_status()
-            return await resp.text()
+            return await resp.read()
 
     def _fail(self, eid: EndpointId, exc: BaseException, *, unreachable: bool) -> None:
         state = self._registry.snapshot().get(eid)
@@ -356,21 +375,24 @@ class Scraper:
             return  # the metrics read reports failures; keep what we knew
         self._registry.discovered(eid, frozenset(models), frozenset(adapters))
 
-    async def _tick_loop(self) -> None:
-        while True:
-            for eid in list(self._urls):
-                task = self._loops.get(eid)
-                if task is None or task.done():
-                    if task is not None:  # only cancelling it from outside ends a loop; a stray one did
-                        log.warning("the scrape loop of %s ended; starting it again", eid)
-                    self._loops[eid] = asyncio.create_task(self._endpoint_loop(eid), name=f"scrape {eid}")
-            started, self._round = self._round, asyncio.Event()
-            self._rounds += 1
-            self._poll_round()
-            if self._on_round is not None:
-                self._safely(self._on_round)
-            started.set()
-            await asyncio.sleep(self._interval_s)
+    def _tick(self) -> None:
+        """A round, then the next one ``interval_s`` later (rescheduled first: a bug here must not end them)."""
+        self._ticker = asyncio.get_running_loop().call_later(self._interval_s, self._tick)
+        self._safely(self._start_round)
+
+    def _start_round(self) -> None:
+        for eid in list(self._urls):
+            task = self._loops.get(eid)
+            if task is None or task.done():
+                if task is not None:  # only cancelling it from outside ends a loop; a stray one did
+                    log.warning("the scrape loop of %s ended; starting it again", eid)
+                self._loops[eid] = asyncio.create_task(self._endpoint_loop(eid), name=f"scrape {eid}")
+        started, self._round = self._round, asyncio.Event()
+        self._rounds += 1
+        self._poll_round()
+        if self._on_round is not None:
+            self._safely(self._on_round)
+        started.set()
 
     async def _endpoint_loop(self, eid: EndpointId) -> None:
         """Scrapes ``eid`` once per round it is free for, with discovery first when ``discover_interval_s``

@@ -40,8 +40,9 @@ vLLM connects when its endpoint has no ``*``). The replay socket is always the e
 Reading: by default a message wakes the event loop as it arrives (a reader on the SUB socket's ``ZMQ_FD``).
 ``paced`` (the picker's default, ``scrape.paced_kv_events``): the SUB socket is not watched; each stream reads
 what arrived when ``pace`` is called (once per scrape round, by the scraper's ticker, in the wake-up the round
-costs anyway). A round wakes only the streams with a message waiting, and each other one once per poll interval;
-a stream's own timer (``_PACED_FALLBACK_TICKS`` poll intervals) matters only when rounds stop. Order, gaps,
+costs anyway). A round wakes only the streams with a message waiting (with a write gate, also each other one
+once per poll interval: the gate's tick); a stream's own timer (``_PACED_FALLBACK_TICKS`` poll intervals after
+the last round) fires only when rounds stop. Order, gaps,
 replays and leases are unchanged: only when a stream looks is. Connection changes (the monitor socket) still
 wake it at once.
 
@@ -102,8 +103,9 @@ class SubscriberOptions:
     heartbeat_ivl_ms: int = 2_000  # ZMTP heartbeats notice a silently dead peer
     warn_every_s: float = 30.0
     # True: a message does not wake the event loop; each stream reads what arrived when ``pace()`` is called
-    # (once per scrape round, in the wake-up that round costs anyway), and polls once per ``poll_interval_s`` in
-    # a round (every 3 of them on its own timer when rounds stop). Connection changes still wake it at once.
+    # (once per scrape round, in the wake-up that round costs anyway), and, with a write gate, polls once per
+    # ``poll_interval_s`` in a round (on its own timer 3 of them after the last round, should rounds stop).
+    # Connection changes still wake it at once.
     paced: bool = False
 
 
@@ -165,7 +167,7 @@ class _Readable:
     and a timer per call and takes one more turn of the loop: on this kind of VM ~100-200 of the 300-550 us of
     CPU a message cost (``bench/results/events-cost/notes.md``). The FD is edge-triggered and only says "look":
     ``ZMQ_EVENTS`` is read after the signal is cleared, so a message arriving between the two still wakes the
-    next wait. A socket not watched is looked at when ``pace`` wakes the waiter, or when a wait times out."""
+    next wait. A socket not watched is looked at in each ``pace`` round, and when a wait times out."""
 
     def __init__(
         self, sockets: tuple[zmq.Socket[bytes], ...], watched: tuple[zmq.Socket[bytes], ...] | None = None
@@ -174,19 +176,26 @@ class _Readable:
         self._loop = asyncio.get_running_loop()
         self._signal = asyncio.Event()
         self._paced_s = float("-inf")  # when ``pace`` last woke the waiter
+        self._waiting: tuple[asyncio.Timeout, float] | None = None  # while ``wait`` waits: its deadline, timeout
         watched = sockets if watched is None else watched
+        self._idle = [s for s in sockets if s not in watched]  # not watched: what ``pace`` looks at
         self._fds = [int(s.getsockopt(zmq.FD)) for s in watched]
         for fd, sock in zip(self._fds, watched, strict=True):
             self._loop.add_reader(fd, self._look, sock)
 
-    def pace(self, now_s: float, every_s: float) -> None:
-        """The paced reading's round: wake the waiter when a socket has a message, or when it was last woken here
-        ``every_s`` ago or more (its poll, in a wake-up the round costs anyway). A stream with nothing to read is
-        not woken each round: four streams ten times a second were ~5% of an idle picker's CPU
-        (``bench/results/paced-streams``)."""
-        if now_s - self._paced_s >= every_s or self._ready():
+    def pace(self, now_s: float, every_s: float | None) -> None:
+        """The paced reading's round: wake the waiter when a socket it does not watch has a message, or when it was
+        last woken here ``every_s`` ago or more (its poll, in a wake-up the round costs anyway; None: no poll). A
+        stream with nothing to read is not woken each round: four streams ten times a second were ~5% of an idle
+        picker's CPU (``bench/results/paced-streams``). A watched socket is not looked at: its message wakes the
+        waiter itself (``_look``), and each look is a system call or two."""
+        polled = every_s is not None and now_s - self._paced_s >= every_s
+        if polled or any(int(s.getsockopt(zmq.EVENTS)) & zmq.POLLIN for s in self._idle):
             self._paced_s = now_s
             self._signal.set()
+        elif self._waiting is not None:  # its own timer is for when rounds stop: while they run, it never fires
+            deadline, timeout_s = self._waiting
+            deadline.reschedule(self._loop.time() + timeout_s)
 
     def _look(self, sock: zmq.Socket[bytes]) -> None:
         """The FD is readable: wake the waiter. Reading ``ZMQ_EVENTS`` here takes the FD's signal down;
@@ -204,9 +213,13 @@ class _Readable:
         ready = self._ready()
         if ready:
             return ready
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout_s):
-                await self._signal.wait()
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s) as deadline:
+                    self._waiting = (deadline, timeout_s)
+                    await self._signal.wait()
+        finally:
+            self._waiting = None
         return self._ready()
 
     def close(self) -> None:
@@ -237,7 +250,8 @@ class KvEventSubscriber:
         self._plain_ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.shadow(self._ctx.underlying)
         self._clock = clock
         self._streams: dict[EndpointId, _Stream] = {}
-        self._paced: dict[_Readable, float] = {}  # with options.paced: {a stream's reader: its poll tick, s}
+        # with options.paced: {a stream's reader: its poll tick, s (None: no poll)}
+        self._paced: dict[_Readable, float | None] = {}
 
     def add(self, source: EventSource) -> None:
         """Start following ``source`` (to replace an endpoint's source, ``remove`` it first)."""
@@ -361,9 +375,10 @@ class KvEventSubscriber:
             tick_s = opt.poll_interval_s if self.gate is None else min(opt.poll_interval_s, _GATE_TICK_S)
             wait_s = tick_s
             if opt.paced:
-                self._paced[readable] = tick_s
-                # ``pace`` wakes the stream for its poll, in a round's wake-up: its own timer is only the fallback
-                # for when rounds stop, so that it does not wake the process apart from them
+                # ``pace`` wakes the stream in a round's wake-up: for a message, and with a gate for its poll (the
+                # gate's tick; without one a poll finds nothing ``pace`` did not). Its own timer is only the
+                # fallback for when rounds stop (each round pushes it back): it never wakes the process apart
+                self._paced[readable] = tick_s if self.gate is not None else None
                 wait_s = _PACED_FALLBACK_TICKS * tick_s
             while True:
                 ready = await readable.wait(wait_s)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 
@@ -587,4 +588,32 @@ async def test_a_paced_round_wakes_a_stream_only_for_a_message_or_its_poll() -> 
             assert not await woken_by(100.6), "the poll counts from the last wake"
             assert await woken_by(100.7), "the poll is due"
         finally:
+            readable.close()
+
+
+async def test_without_a_poll_a_round_wakes_a_stream_only_for_a_message_and_holds_off_its_own_timer() -> None:
+    """Paced without a write gate (no poll: ``every_s`` None), a round wakes the waiter only when its socket
+    has a message. The waiter's own timer is the fallback for when rounds stop: each round pushes it back, so
+    while rounds run it never wakes the process on its own."""
+    async with live_pub_sub() as (pub, sub):
+        readable = _Readable((sub,), watched=())
+        waiter = asyncio.ensure_future(readable.wait(1.0))
+        try:
+            await asyncio.sleep(0)
+            for i in range(40):  # 2 s of rounds: twice the waiter's own timeout
+                readable.pace(100.0 + i / 20, every_s=None)
+                await asyncio.sleep(0.05)
+                assert not waiter.done(), f"woken at round {i} with nothing to read"
+            pub.send(b"news")
+            await until(lambda: has_message(sub), what="the message in")
+            readable.pace(102.0, every_s=None)
+            assert await asyncio.wait_for(waiter, 5.0) == [sub]
+            sub.recv(zmq.NOBLOCK)
+            started_s = time.monotonic()
+            assert await readable.wait(0.3) == []  # no rounds: its own timer ends the wait
+            assert time.monotonic() - started_s >= 0.25
+        finally:
+            waiter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiter
             readable.close()

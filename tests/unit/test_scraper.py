@@ -11,8 +11,10 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from extproc.backends import scraper as scraper_module
 from extproc.backends.registry import EndpointRegistry
 from extproc.backends.scraper import Scraper
+from extproc.backends.vllm_metrics import EngineMetrics, parse_metrics
 from extproc.types import Endpoint, EndpointId
 from tests.support.polling import until
 from tests.support.scripted_http import ScriptedServer, ok
@@ -137,6 +139,46 @@ async def test_when_both_pages_fail_the_narrowed_one_is_tried_again_next_round(d
 async def test_narrow_pages_off_reads_the_whole_page_only() -> None:
     reads, _ = await reads_of(lambda target: ok(PAGE), narrow=False, reads=2)
     assert reads == ["whole", "whole"]
+
+
+BUSY = b'vllm:num_requests_running{model_name="m"} 3\nvllm:num_requests_waiting{model_name="m"} 0\n'
+
+
+@pytest.mark.parametrize("deferred", [True, False])
+async def test_a_page_that_repeats_the_last_is_not_parsed_again_but_still_counts_as_fresh(
+    deferred: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An idle engine writes the same page round after round: it is parsed once, and each repeat still records
+    the load as read when its GET went out; a page that differs is parsed."""
+    parsed: list[str] = []
+
+    def counting(text: str) -> EngineMetrics:
+        parsed.append(text)
+        return parse_metrics(text)
+
+    monkeypatch.setattr(scraper_module, "parse_metrics", counting)
+    pages = [PAGE, PAGE, PAGE, BUSY, BUSY, PAGE]
+    seen: list[tuple[int, float]] = []  # each applied page's (running, taken at)
+
+    def applied(eid: EndpointId) -> None:
+        record = registry.snapshot()[eid]
+        assert record.metrics is not None
+        seen.append((record.metrics.running, record.scraped_at_s))
+
+    async with ScriptedServer(lambda n: ok(pages[min(len(metrics_reads(server)) - 1, len(pages) - 1)])) as server:
+        eid = EndpointId(f"127.0.0.1:{server.port}")
+        registry = EndpointRegistry([Endpoint(eid)])
+        scraper = Scraper(registry, {eid: f"http://{eid}"}, interval_s=0.02, timeout_s=2.0, discover_interval_s=60.0,
+                          deferred_reads=deferred, on_scrape=applied)  # fmt: skip
+        await scraper.start()
+        try:
+            await until(lambda: len(seen) >= len(pages), timeout_s=20.0, what="six pages applied")
+        finally:
+            await scraper.stop()
+    assert [running for running, _ in seen[: len(pages)]] == [1, 1, 1, 3, 3, 1]
+    taken = [at_s for _, at_s in seen]
+    assert taken == sorted(taken) and len(set(taken)) == len(taken)  # each repeat is a fresh reading
+    assert [float(t.split("} ")[1].split()[0]) for t in parsed] == [1.0, 3.0, 1.0]  # each change, once
 
 
 async def test_deferred_reads_are_sent_by_the_ticker_and_the_loop_runs_only_to_discover_or_connect() -> None:
