@@ -131,6 +131,7 @@ class TtftCalibration:
         self._clock = clock
         self._on_predicted = on_predicted
         self._eps: dict[EndpointId, _Endpoint] = {}
+        self._pooled: list[float] | None = None  # the taught endpoints' mean weights, until any weights change
 
     def predicted(
         self, endpoint: EndpointId, ttft_s: float, features: Sequence[float] = (), fixed_s: float = 0.0
@@ -195,18 +196,27 @@ class TtftCalibration:
 
         Why pool: on endpoints of one hardware the weights differ only by each one's noise, and a flood placed
         by the estimate then leans on whichever learned cheapest (bench/results/merged-e81c463)."""
-        taught = [e.weights for e in self._eps.values() if e.weights is not None]
-        if not taught:
+        mean = self._pooled_mean()
+        if mean is None:
             return None
-        mean = [sum(w[i] for w in taught) / len(taught) for i in range(_FEATURES)]
         ep = self._eps.get(endpoint)
         if ep is None or ep.weights is None:
             return _as_cost(mean)
         share = self._learning.pooled_share
         return _as_cost([share * m + (1.0 - share) * own for m, own in zip(mean, ep.weights, strict=True)])
 
+    def _pooled_mean(self) -> list[float] | None:
+        """The taught endpoints' mean weights (None: none taught), kept until any weights change: a decision
+        asks for every candidate's cost, which would make it quadratic in the fleet."""
+        if self._pooled is None:
+            taught = [e.weights for e in self._eps.values() if e.weights is not None]
+            if taught:
+                self._pooled = [sum(w[i] for w in taught) / len(taught) for i in range(_FEATURES)]
+        return self._pooled
+
     def forget(self, endpoint: EndpointId) -> None:
         self._eps.pop(endpoint, None)
+        self._pooled = None
 
     def _learn(self, endpoint: EndpointId, ep: _Endpoint, interval: _Interval, actual_s: float) -> None:
         """One normalized LMS step of ``ep``'s weights toward this interval's mean (module docstring)."""
@@ -222,6 +232,7 @@ class TtftCalibration:
         step = self._learning.learning_rate * error / norm
         w = [wi + step * fi / m for wi, fi, m in zip(w, f, ms, strict=True)]
         ep.weights, ep.mean_square = self._clamped(w), ms
+        self._pooled = None
         cost = _as_cost(ep.weights)
         self._sink.learned(endpoint, cost, self._learning.prefill_tokens_per_s / cost.prefill_scale)
 

@@ -34,6 +34,7 @@ Each call has a timeout; failures are logged once per change of state, never rai
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -124,7 +125,7 @@ class Scraper:
                 task.cancel()
                 self._leaving.add(task)  # stop() still awaits it; it ends itself too (it no longer owns eid)
                 task.add_done_callback(self._leaving.discard)
-            for page in (self._narrow_urls.pop(eid, None), self._metrics_urls.get(eid)):
+            for page in (self._narrow_urls.pop(eid, None), self._metrics_urls.get(eid), _models_url(self._urls[eid])):
                 self._close_getter(page)
             self._trying_whole.pop(eid, None)
             self._polled_ids.discard(eid)
@@ -361,17 +362,15 @@ class Scraper:
             self._on_down(eid)
 
     async def _discover(self, eid: EndpointId) -> None:
-        assert self._session is not None
+        """``/v1/models`` read (by the lean client where the metrics page is) into what ``eid`` serves."""
         try:
-            async with self._session.get(f"{self._urls[eid]}/v1/models") as resp:
-                resp.raise_for_status()
-                body = await resp.json(content_type=None)
+            body = json.loads(await self._read_page(_models_url(self._urls[eid])))
             models: set[str] = set()
             adapters: set[str] = set()
             for item in body.get("data", []):
                 # vLLM lists LoRA adapters with "parent" = the base model, "root" = the adapter path.
                 (adapters if item.get("parent") else models).add(str(item["id"]))
-        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError, AttributeError):
+        except (aiohttp.ClientError, TimeoutError, GetFailed, ValueError, KeyError, TypeError, AttributeError):
             return  # the metrics read reports failures; keep what we knew
         self._registry.discovered(eid, frozenset(models), frozenset(adapters))
 
@@ -417,3 +416,7 @@ class Scraper:
             await self.scrape_once(eid, discover=discover)
         except Exception:  # a bug here must not stop scraping
             log.exception("scrape of %s", eid)
+
+
+def _models_url(url: str) -> str:
+    return f"{url}/v1/models"

@@ -195,7 +195,11 @@ class _Readable:
             self._signal.set()
         elif self._waiting is not None:  # its own timer is for when rounds stop: while they run, it never fires
             deadline, timeout_s = self._waiting
-            deadline.reschedule(self._loop.time() + timeout_s)
+            now = self._loop.time()
+            when = deadline.when()
+            # pushed back only once half of it has run: each push leaves a cancelled timer in the loop's heap
+            if when is not None and when - now < timeout_s / 2:
+                deadline.reschedule(now + timeout_s)
 
     def _look(self, sock: zmq.Socket[bytes]) -> None:
         """The FD is readable: wake the waiter. Reading ``ZMQ_EVENTS`` here takes the FD's signal down;

@@ -199,7 +199,7 @@ async def test_deferred_reads_are_sent_by_the_ticker_and_the_loop_runs_only_to_d
         finally:
             await scraper.stop()
         assert calls == [True]  # the first round: discovery, then the connection and the first GET
-        assert scraped(registry) == 1 and server.connections == 1 + 1  # one for discovery (aiohttp), one polled
+        assert scraped(registry) == 1 and server.connections == 1 + 1  # one for discovery, one polled
 
 
 async def test_a_decision_looks_only_at_the_endpoints_with_an_answer_out() -> None:
