@@ -212,6 +212,18 @@ def test_an_untaught_endpoint_gets_the_mean_of_the_taught_ones() -> None:
     assert cal.cost(B) is None
 
 
+def test_the_fleets_mean_is_that_of_the_latest_weights() -> None:
+    """The pooled mean is kept between decisions (each asks every candidate's cost), never past a step."""
+    own, pooled = (
+        TtftCalibration(Sink(), learning(pooled_share=0.0)),
+        TtftCalibration(Sink(), learning(pooled_share=1.0)),
+    )
+    for intervals in (1, 5, 20):
+        _drive(own, TRUE, intervals)
+        _drive(pooled, TRUE, intervals)
+        assert pooled.cost(A) == own.cost(A)  # one taught endpoint: the mean is its own latest weights
+
+
 def _two_taught(share: float) -> tuple[LearnedCost, LearnedCost]:
     """A taught by 100 intervals of ``TRUE``, B by one interval of a cheaper engine; their costs at ``share``."""
     cal = TtftCalibration(Sink(), learning(pooled_share=share))
