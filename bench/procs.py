@@ -10,15 +10,19 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 STOP_TIMEOUT_S = 5.0
 POLL_S = 0.05
+DUMP_WAIT_S = 5.0  # for a child's stacks to be written (SIGABRT with faulthandler on)
+STACKS_CHARS = 20_000  # of the log kept in a start failure's message: room for every thread's stack
 
 
 class ProcessStartError(RuntimeError):
@@ -91,6 +95,11 @@ class ManagedProcess:
         self.log_path = log_path
         self._cwd = cwd
         self._env = dict(env) if env is not None else None
+        # A Python child of ours writes every thread's stack to its log on SIGABRT (faulthandler): what one
+        # that never got ready was doing (a simulator once hung 120 s at start-up, unexplained)
+        self._python = bool(self.argv) and self.argv[0] == sys.executable
+        if self._python:
+            self._env = {**(self._env if self._env is not None else os.environ), "PYTHONFAULTHANDLER": "1"}
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -131,7 +140,18 @@ class ManagedProcess:
             if ready():
                 return
             time.sleep(POLL_S)
-        raise ProcessStartError(f"{self.name} not ready after {timeout_s}s:\n{self.log_tail()}")
+        self._dump_stacks()
+        raise ProcessStartError(f"{self.name} not ready after {timeout_s}s:\n{self.log_tail(STACKS_CHARS)}")
+
+    def _dump_stacks(self) -> None:
+        """A Python child's thread stacks into its log (it aborts: it is being stopped anyway)."""
+        if not self._python or self._proc is None or self._proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            resource.prlimit(self._proc.pid, resource.RLIMIT_CORE, (0, 0))  # no core file where it runs
+            os.kill(self._proc.pid, signal.SIGABRT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(DUMP_WAIT_S)
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
         """SIGTERM our process group, SIGKILL it after ``timeout_s``; returns the exit code (None if never
