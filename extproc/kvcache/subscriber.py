@@ -42,9 +42,8 @@ Reading: by default a message wakes the event loop as it arrives (a reader on th
 what arrived when ``pace`` is called (once per scrape round, by the scraper's ticker, in the wake-up the round
 costs anyway). A round wakes only the streams with a message waiting (with a write gate, also each other one
 once per poll interval: the gate's tick); a stream's own timer (``_PACED_FALLBACK_TICKS`` poll intervals after
-the last round) fires only when rounds stop. Order, gaps,
-replays and leases are unchanged: only when a stream looks is. Connection changes (the monitor socket) still
-wake it at once.
+the last round) fires only when rounds stop. Order, gaps, replays and leases are unchanged: only when a stream
+looks is. Connection changes (the monitor socket) still wake it at once.
 
 The loop owns its sockets: on any unexpected error it logs, closes them, backs off and starts over (which
 counts as a reconnect). Every wait is bounded: polls tick every ``poll_interval_s`` and a replay gives up
