@@ -160,6 +160,11 @@ class _Stream:
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
 
+def _has_message(sock: zmq.Socket[bytes]) -> bool:
+    """A message can be read from ``sock`` without waiting (``ZMQ_EVENTS``; a system call or two)."""
+    return bool(int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+
+
 class _Readable:
     """Which of a stream's sockets have a message, waking the loop through a reader on each ``watched`` socket's
     ``ZMQ_FD`` kept for the sockets' life (default: all of them). zmq.asyncio's Poller builds futures, callbacks
@@ -189,7 +194,7 @@ class _Readable:
         picker's CPU (``bench/results/paced-streams``). A watched socket is not looked at: its message wakes the
         waiter itself (``_look``), and each look is a system call or two."""
         polled = every_s is not None and now_s - self._paced_s >= every_s
-        if polled or any(int(s.getsockopt(zmq.EVENTS)) & zmq.POLLIN for s in self._idle):
+        if polled or any(_has_message(s) for s in self._idle):
             self._paced_s = now_s
             self._signal.set()
         elif self._waiting is not None:  # its own timer is for when rounds stop: while they run, it never fires
@@ -208,7 +213,7 @@ class _Readable:
         self._signal.set()
 
     def _ready(self) -> list[zmq.Socket[bytes]]:
-        return [s for s in self._sockets if int(s.getsockopt(zmq.EVENTS)) & zmq.POLLIN]
+        return [s for s in self._sockets if _has_message(s)]
 
     async def wait(self, timeout_s: float) -> list[zmq.Socket[bytes]]:
         """The sockets a message can be read from without waiting; empty after ``timeout_s`` with none."""
