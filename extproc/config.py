@@ -264,6 +264,15 @@ class CostModelConfig(_Strict):
         description="share of the fleet's mean learned weights in each endpoint's cost (1: one cost model for every "
         "endpoint, for fleets of one hardware, where per-endpoint differences are noise; 0: each its own)",
     )
+    learner: Literal["nlms", "rls"] = Field(
+        "nlms",
+        description="how each interval moves the weights: nlms, a normalized least-mean-squares step of "
+        "learning_rate on the error in seconds; rls, recursive least squares on the relative error "
+        "(docs/scheduling.md)",
+    )
+    forgetting: float = Field(
+        0.995, gt=0.5, le=1, description="rls: the weight the past keeps per interval (1: never forget)"
+    )
 
 
 class SchedulingConfig(_Strict):

@@ -22,10 +22,11 @@ error's p50 bucket 0.2-0.5 on documents and mooncake where one replica's was 0.1
 **Learning** (``CostLearning``; ``docs/scheduling.md``). The estimate is linear in four weights of its own terms
 (``types.LearnedCost``): a fixed per-request cost, the prefill rate, the decode interference per running request
 and the queue's drain. Each closed interval is one sample (mean terms of the predictions it was paired with, the
-engine's mean TTFT); the weights take one normalized least-mean-squares step toward it, on features scaled by
-their running RMS (so the one-second constant does not drown the token terms), with the step's error clipped to
-half the sample's size (one wild interval moves little) and every weight clamped to its bounds. The decision reads
-the result as ``Candidate.cost``; it stays pure.
+engine's mean TTFT). Two learners (``learner``): ``nlms`` takes one normalized least-mean-squares step toward the
+sample, on features scaled by their running RMS (so the one-second constant does not drown the token terms), with
+the step's error clipped to half the sample's size; ``rls`` refits all four weights on every interval's relative
+error (``_learn_rls``, ``robust_rls``). Either way every weight is clamped to its bounds. The decision reads the
+result as ``Candidate.cost``; it stays pure.
 
 When: ``predicted`` once per decision (from the decider), ``observe`` with each endpoint's latest scrape (the
 decider passes the record it already holds).
@@ -39,6 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from extproc.backends.robust_rls import RlsSettings, RlsState, bounded, diagonal, rls_step
 from extproc.backends.vllm_metrics import PhaseTotals
 from extproc.types import EndpointId, LearnedCost, Prediction
 
@@ -52,6 +54,15 @@ _FLOOR = 1e-12
 # prefill rate at its 4x bound and every long prompt after it was priced 4x (a P/D split read it as saturation).
 # Terms this small are below one engine step and cannot be told from the fixed cost, which then learns the error.
 _MEAN_SQUARE_FLOOR = 0.01**2
+LEARNER_NLMS, LEARNER_RLS = "nlms", "rls"
+# The RLS learner (``robust_rls``). Its prior: each weight's standard deviation is its own size, the interference's
+# its bound, the fixed cost's never below the configured one (or a twentieth of its bound) times the learned
+# prefill scale. The samples are relative, so an engine 4x slower than configured gives samples 4x smaller: a prior
+# that grows with the weights lets it be learned as fast as one 4x faster (with the configured spans, 4x faster
+# stayed at 45% error after 600 intervals). Then a little process noise, errors past the running spread weighed
+# down, and no interval's relative error beyond 1.
+_RLS_BASE_FLOOR = 0.05  # of max_base_s
+_RLS_SETTINGS = {"drift": 0.01, "huber_floor": 0.15, "error_bound": 1.0}
 ABANDONED_S = 60.0
 """A prediction the engine has not counted a first token for this long after routing is dropped: the request was
 aborted or failed (or went elsewhere), and left open it would pair with a later request's first token."""
@@ -78,6 +89,8 @@ class CostLearning:
     pooled_share: float
     prior: LearnedCost
     prefill_tokens_per_s: float
+    learner: str  # LEARNER_NLMS | LEARNER_RLS
+    forgetting: float  # the RLS learner's weight on the past, per interval
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +107,8 @@ class _Endpoint:
     open: deque[_Prediction] = field(default_factory=deque)  # routed here, first token not counted yet, oldest first
     ratio: float = 1.0  # running actual / predicted
     weights: list[float] | None = None  # (base, scale, scale x interference, queue scale); None: not learned
-    mean_square: list[float] | None = None  # of each feature, running
+    mean_square: list[float] | None = None  # of each feature, running (the NLMS learner's)
+    rls: RlsState | None = None  # the RLS learner's state (its weights are ``weights``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +146,7 @@ class TtftCalibration:
         self._on_predicted = on_predicted
         self._eps: dict[EndpointId, _Endpoint] = {}
         self._pooled: list[float] | None = None  # the taught endpoints' mean weights, until any weights change
+        self._rls = RlsSettings(forgetting=learning.forgetting, **_RLS_SETTINGS)
 
     def predicted(
         self, endpoint: EndpointId, ttft_s: float, features: Sequence[float] = (), fixed_s: float = 0.0
@@ -176,7 +191,10 @@ class TtftCalibration:
             ep.ratio += _RATIO_WEIGHT * (actual / interval.predicted_s - ep.ratio)
             self._sink.interval(endpoint, interval.predicted_s, actual, ep.ratio)
             if self._learning.learn and interval.features and interval.features[0] > 0:
-                self._learn(endpoint, ep, interval, actual)
+                if self._learning.learner == LEARNER_RLS:
+                    self._learn_rls(endpoint, ep, interval, actual)
+                else:
+                    self._learn(endpoint, ep, interval, actual)
 
     def _drop_abandoned(self, ep: _Endpoint) -> None:
         oldest = self._clock() - ABANDONED_S
@@ -232,6 +250,39 @@ class TtftCalibration:
         step = self._learning.learning_rate * error / norm
         w = [wi + step * fi / m for wi, fi, m in zip(w, f, ms, strict=True)]
         ep.weights, ep.mean_square = self._clamped(w), ms
+        self._taught(endpoint, ep)
+
+    def _learn_rls(self, endpoint: EndpointId, ep: _Endpoint, interval: _Interval, actual_s: float) -> None:
+        """One recursive-least-squares step of ``ep``'s weights on this interval's *relative* error.
+
+        Why not the NLMS step: its error is in seconds, so the few intervals that took a second longer than their
+        terms (a long prompt, or a short one sharing its step with a long one routed just after it) set the
+        direction of every step, along the feature that is largest on them (work x running), and the weights
+        tracked those (mooncake at 16 req/s: interference 0.004 -> 0.05 per running request, every large batch
+        then priced 16-48% high; ``bench/results/rls-learner/notes.md``). Here each interval is one sample of
+        ``(actual - fixed) / actual = weights . features / actual``: a request that took 2x its terms counts as
+        much as one of 0.1 s that did, and the step solves for all four weights at once from every interval
+        seen (forgetting a share ``1 - forgetting`` of the past per interval) instead of moving along one.
+        """
+        w = ep.weights if ep.weights is not None else _as_weights(self._learning.prior)
+        state = ep.rls if ep.rls is not None else RlsState(w, self._prior_covariance(w), _RLS_SETTINGS["huber_floor"])
+        x = [f / actual_s for f in interval.features]
+        target = (actual_s - interval.fixed_s) / actual_s
+        state = rls_step(state, x, target, self._prior_covariance(state.weights), self._rls)
+        weights = self._clamped(state.weights)
+        ep.weights = weights
+        ep.rls = RlsState(weights, bounded(state.covariance, self._prior_covariance(weights)), state.spread)
+        self._taught(endpoint, ep)
+
+    def _prior_covariance(self, w: Sequence[float]) -> list[list[float]]:
+        """Each weight's variance before any interval: its own size squared (module constants' comment)."""
+        lm = self._learning
+        base_floor = max(lm.prior.base_s, _RLS_BASE_FLOOR * lm.max_base_s) * w[1] / lm.prior.prefill_scale
+        spans = (max(w[0], base_floor), w[1], w[1] * lm.max_interference_per_running, w[3])
+        return diagonal([s * s for s in spans])
+
+    def _taught(self, endpoint: EndpointId, ep: _Endpoint) -> None:
+        assert ep.weights is not None
         self._pooled = None
         cost = _as_cost(ep.weights)
         self._sink.learned(endpoint, cost, self._learning.prefill_tokens_per_s / cost.prefill_scale)
