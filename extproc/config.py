@@ -249,7 +249,9 @@ class CostModelConfig(_Strict):
         description="bound on how far the learned prefill rate and queue drain may move from the configured ones "
         "(a factor, either way)",
     )
-    learning_rate: float = Field(0.3, gt=0, le=1, description="share of an interval's error a learning step removes")
+    learning_rate: float = Field(
+        0.3, gt=0, le=1, description="nlms: share of an interval's error a learning step removes"
+    )
     max_interference_per_running: float = Field(0.1, ge=0, description="bound on the learned slowdown per running")
     max_base_s: float = Field(
         0.5,
@@ -265,10 +267,10 @@ class CostModelConfig(_Strict):
         "endpoint, for fleets of one hardware, where per-endpoint differences are noise; 0: each its own)",
     )
     learner: Literal["nlms", "rls"] = Field(
-        "nlms",
-        description="how each interval moves the weights: nlms, a normalized least-mean-squares step of "
-        "learning_rate on the error in seconds; rls, recursive least squares on the relative error "
-        "(docs/scheduling.md)",
+        "rls",
+        description="how each interval moves the weights: rls, recursive least squares on the interval's relative "
+        "error, robust to heavy tails; nlms, a normalized least-mean-squares step of learning_rate on the error in "
+        "seconds (the default until December 2026; docs/scheduling.md)",
     )
     forgetting: float = Field(
         0.995, gt=0.5, le=1, description="rls: the weight the past keeps per interval (1: never forget)"
