@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-HUBER_K = 1.5  # the Huber threshold in running mean absolute errors (1.5: a normal error's ~1.9 sigma)
+HUBER_K = 1.5  # the Huber threshold in running mean absolute errors (~1.2 sigma of a normal error)
 SPREAD_WEIGHT = 0.05  # each sample's share of the running mean absolute error
 
 Matrix = list[list[float]]
