@@ -265,7 +265,7 @@ class TtftCalibration:
         seen (forgetting a share ``1 - forgetting`` of the past per interval) instead of moving along one.
         """
         w = ep.weights if ep.weights is not None else _as_weights(self._learning.prior)
-        state = ep.rls if ep.rls is not None else RlsState(w, self._prior_covariance(w), _RLS_SETTINGS["huber_floor"])
+        state = ep.rls if ep.rls is not None else RlsState(w, self._prior_covariance(w), self._rls.huber_floor)
         x = [f / actual_s for f in interval.features]
         target = (actual_s - interval.fixed_s) / actual_s
         state = rls_step(state, x, target, self._prior_covariance(state.weights), self._rls)
