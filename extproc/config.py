@@ -267,11 +267,11 @@ class CostModelConfig(_Strict):
         "endpoint, for fleets of one hardware, where per-endpoint differences are noise; 0: each its own)",
     )
     learner: Literal["nlms", "rls"] = Field(
-        "nlms",
-        description="how each interval moves the weights: nlms, a normalized least-mean-squares step of "
-        "learning_rate on the error in seconds; rls, recursive least squares on the interval's relative error, "
-        "robust to heavy tails: the more accurate estimate, not yet the better decisions everywhere "
-        "(docs/scheduling.md)",
+        "rls",
+        description="how each interval moves the weights: rls, recursive least squares on the interval's relative "
+        "error, robust to heavy tails; nlms, a normalized least-mean-squares step of learning_rate on the error in "
+        "seconds, which drifts where a few intervals run long (the default until December 8, 2026; "
+        "docs/scheduling.md)",
     )
     forgetting: float = Field(
         0.995, gt=0.5, le=1, description="rls: the weight the past keeps per interval (1: never forget)"
