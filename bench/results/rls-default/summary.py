@@ -1,6 +1,6 @@
 """Summaries of traces.sh's traces of tenants at 8 req/s.
 
-    python summary.py table OUT            # per trace, then each learner's medians (table.txt)
+    python summary.py table OUT [A B]      # per trace, then each side's medians (table.txt; sides rls, nlms)
     python summary.py slow TRACE.jsonl     # slow requests: cold, and warm ones behind a cold prefill
     python summary.py early TRACE.jsonl    # the first 30 requests, with the estimates per backend
 
@@ -65,7 +65,7 @@ def early(trace: Path, n: int = 30) -> str:
     return "\n".join(out)
 
 
-def table(out: Path) -> str:
+def table(out: Path, sides: tuple[str, str] = ("rls", "nlms")) -> str:
     lines, runs = [], collections.defaultdict(list)
     for log in sorted(out.glob("*-*.log"), key=lambda p: (p.stem.split("-")[0], int(p.stem.split("-")[1]))):
         found = re.search(r"p90 ttft ([0-9.]+)", log.read_text())
@@ -79,14 +79,16 @@ def table(out: Path) -> str:
         runs[log.stem.split("-")[0]].append((p90, late, mean))
         cold = sum(map(is_cold, rows))
         lines.append(f"{log.stem:8} p90 {p90:.3f} slow {late:3} cold {cold:3} mean {mean:.4f} {reasons}")
-    rls, nlms = runs["rls"], runs["nlms"]
+    one, other = runs[sides[0]], runs[sides[1]]
     for i, label in [(0, "p90"), (1, "slow"), (2, "mean")]:
-        a, b = [x[i] for x in rls], [x[i] for x in nlms]
+        a, b = [x[i] for x in one], [x[i] for x in other]
         lines.append(
-            f"{label}: rls median {statistics.median(a):.4f} (n {len(a)}), nlms {statistics.median(b):.4f} "
-            f"(n {len(b)}), permutation p {permutation_p(a, b):.2f}"
+            f"{label}: {sides[0]} median {statistics.median(a):.4f} (n {len(a)}), {sides[1]} "
+            f"{statistics.median(b):.4f} (n {len(b)}), permutation p {permutation_p(a, b):.2f}"
         )
-    modes = [f"{sum(x[0] > SLOW_MODE_P90_S for x in v)} of {len(v)} {k}" for k, v in (("rls", rls), ("nlms", nlms))]
+    modes = []
+    for side, side_runs in zip(sides, (one, other), strict=True):
+        modes.append(f"{sum(x[0] > SLOW_MODE_P90_S for x in side_runs)} of {len(side_runs)} {side}")
     lines.append(f"slow mode (p90 > {SLOW_MODE_P90_S} s): " + ", ".join(modes))
     return "\n".join(lines)
 
@@ -94,6 +96,6 @@ def table(out: Path) -> str:
 if __name__ == "__main__":
     command, *paths = sys.argv[1:]
     if command == "table":
-        print(table(Path(paths[0])))
+        print(table(Path(paths[0]), (paths[1], paths[2]) if len(paths) == 3 else ("rls", "nlms")))
     else:
         print("\n".join((slow if command == "slow" else early)(Path(p)) for p in paths))
