@@ -44,7 +44,7 @@ def test_the_config_defaults_build_the_learning_settings() -> None:
     # The prior's fixed cost is the configured per-request overhead: a request pays its own turn too.
     assert got.learn and got.prior.base_s == TtftProfileConfig().request_overhead_s and got.prior.prefill_scale == 1.0
     assert got.prefill_tokens_per_s == SchedulingConfig().prefill_tokens_per_s
-    assert got.learner == "rls"  # NLMS drifted on heavy-tailed intervals (bench/results/rls-default)
+    assert got.learner == "rls"  # NLMS drifted on heavy-tailed intervals (bench/results/rls-learner, rls-default)
 
 
 def test_an_interval_compares_mean_predicted_with_the_engines_mean() -> None:
